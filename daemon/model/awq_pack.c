@@ -1,0 +1,1 @@
+#include "awq_pack.h"

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/* The one interface the daemon sees of compute (DESIGN.md §6): create a backend, hand it
+ * a model's weights, size the paged KV cache, and run one step for a batch of sequences.
+ * Backends sit behind a const BackendOps table chosen at run time, like Redis ae's
+ * multiplexers. kernels/ knows nothing about files, clients or processes: the loader in
+ * daemon/ turns a checkpoint into the BkModel below. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef enum BkDtype {
+        BK_DT_F32,
+        BK_DT_F16,
+        BK_DT_BF16,
+        _BK_DT_MAX,
+} BkDtype;
+
+/* A vector or matrix of plain numbers, row-major. data is aligned to the element size. */
+typedef struct BkTensor {
+        BkDtype dtype;
+        const void *data;
+} BkTensor;
+
+typedef enum BkLinearKind {
+        BK_LINEAR_DENSE, /* w: [out][in] in w.dtype, the Hugging Face nn.Linear layout */
+        BK_LINEAR_AWQ,   /* AutoAWQ GEMM layout, see docs/formats.md of shared/ */
+        _BK_LINEAR_MAX,
+} BkLinearKind;
+
+/* y[out] = x[in] · W + bias. */
+typedef struct BkLinear {
+        BkLinearKind kind;
+        uint32_t in, out;
+        BkTensor w;               /* DENSE: [out][in] */
+        const uint32_t *qweight;  /* AWQ: [in][out/8], nibble order REV = 0,4,1,5,2,6,3,7 */
+        const uint32_t *qzeros;   /* AWQ: [in/group_size][out/8], same packing */
+        const uint16_t *scales;   /* AWQ: [in/group_size][out], IEEE fp16 */
+        uint32_t group_size;      /* AWQ: 32, 64 or 128 */
+        BkTensor bias;            /* [out], data NULL when the layer has none */
+} BkLinear;
+
+typedef enum BkArch {
+        BK_ARCH_LLAMA,
+        BK_ARCH_QWEN2,
+        _BK_ARCH_MAX,
+} BkArch;
+
+typedef enum BkRopeType {
+        BK_ROPE_DEFAULT,
+        BK_ROPE_LLAMA3, /* Llama-3.1 frequency smoothing */
+        BK_ROPE_YARN,   /* YaRN as transformers' _compute_yarn_parameters does it */
+        _BK_ROPE_MAX,
+} BkRopeType;
+
+typedef struct BkRope {
+        BkRopeType type;
+        float theta;
+        float factor;              /* LLAMA3, YARN */
+        float low_freq_factor;     /* LLAMA3 */
+        float high_freq_factor;    /* LLAMA3 */
+        uint32_t original_max_pos; /* LLAMA3, YARN */
+        float beta_fast, beta_slow; /* YARN */
+        float attention_factor;    /* YARN: multiplies cos and sin */
+} BkRope;
+
+/* Every dimension comes from config.json through the loader: one source of truth. */
+typedef struct BkConfig {
+        BkArch arch;
+        uint32_t hidden;
+        uint32_t intermediate;
+        uint32_t n_layers;
+        uint32_t n_heads;
+        uint32_t n_kv_heads;
+        uint32_t head_dim;
+        uint32_t vocab_size;    /* rows of the embedding and lm_head, padding included */
+        uint32_t vocab_sample;  /* ids >= this are padding and are never sampled */
+        uint32_t max_positions; /* context limit */
+        float rms_eps;
+        BkRope rope;
+} BkConfig;
+
+typedef struct BkLayer {
+        BkTensor attn_norm; /* [hidden] */
+        BkLinear q, k, v, o;
+        BkTensor mlp_norm;  /* [hidden] */
+        BkLinear gate, up, down;
+} BkLayer;
+
+typedef struct BkModel {
+        BkConfig cfg;
+        BkTensor embed;      /* [vocab_size][hidden] */
+        BkLayer *layers;     /* [n_layers] */
+        BkTensor final_norm; /* [hidden] */
+        BkLinear lm_head;    /* the embedding as a DENSE linear when tied */
+} BkModel;
+
+/* Sampling for one request. temperature 0 means greedy (argmax, lowest id on a tie). The
+ * filters apply in the order penalties, top-k, temperature, top-p, min-p; 0 disables a
+ * filter (top_p 1 too), 1 disables the repetition penalty. */
+typedef struct BkSampling {
+        float temperature;
+        uint32_t top_k;
+        float top_p;
+        float min_p;
+        float repetition_penalty; /* divides positive logits, multiplies negative ones */
+        float presence_penalty;   /* subtracted once from every id seen in history */
+        float frequency_penalty;  /* subtracted per occurrence in history */
+        uint64_t seed;
+} BkSampling;
+
+/* One sequence's part of a step: a prefill chunk or one decode token. */
+typedef struct BkSeq {
+        const int32_t *tokens;      /* [n_tokens] fed at positions pos .. pos+n_tokens-1 */
+        uint32_t n_tokens;
+        uint32_t pos;
+        const uint32_t *blocks;     /* KV block ids covering positions 0 .. pos+n_tokens-1 */
+        uint32_t n_blocks;
+        bool sample;                /* sample after the last token of this chunk */
+        BkSampling sampling;
+        const int32_t *history;     /* ids the penalties count (prompt and output so far) */
+        uint32_t n_history;
+        uint64_t draw;              /* the request's draw counter: its n-th sampled token */
+        float *logits;              /* optional out: [n_tokens][vocab_size], or NULL */
+} BkSeq;
+
+typedef struct BkOptions {
+        const char *device; /* backend-specific; NULL for the default */
+        uint32_t threads;   /* CPU worker threads; 0 means one */
+} BkOptions;
+
+typedef struct Backend Backend;
+
+typedef struct BackendOps {
+        const char *name;
+        /* Returns 0, or a negative code with a message in err. */
+        int (*create)(const BkOptions *opt, Backend **ret, DsError *err);
+        /* The model's memory must stay valid until free() (the CPU backend reads it in
+         * place; a device backend copies it). */
+        int (*load)(Backend *b, const BkModel *model, DsError *err);
+        /* Sizes the KV cache to at most mem_bytes in blocks of block_tokens positions;
+         * returns the number of blocks (>0) or a negative code. Drops any earlier cache. */
+        int64_t (*kv_init)(Backend *b, uint32_t block_tokens, uint64_t mem_bytes,
+                DsError *err);
+        /* Bytes of KV cache one position of one sequence takes, all layers together. */
+        uint64_t (*kv_bytes_per_token)(const Backend *b);
+        /* Runs one forward step. ret_ids[i] gets the sampled id of seqs[i], or -1 when
+         * seqs[i].sample is false. Each sequence's logits and sample are bit-identical
+         * whatever else is in the batch. */
+        int (*step)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
+                DsError *err);
+        void (*free)(Backend *b);
+} BackendOps;
+
+extern const BackendOps backend_cpu_ops;
+
+/* The table for "cpu", "cuda" or "auto" (cuda when built and a device is present), or
+ * NULL when that backend is not available in this build or on this machine. */
+const BackendOps *backend_find(const char *name);
+
+/* Shared by every backend: one sampling decision from a row of float32 logits, computed
+ * on the host in the CPU backend and mirrored on the device by the CUDA one. scratch
+ * holds vocab floats and vocab ints. Returns the chosen id. */
+int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s,
+        const int32_t *history, uint32_t n_history, uint64_t draw, float *scratch_f,
+        int32_t *scratch_i);

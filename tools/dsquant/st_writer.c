@@ -1,0 +1,1 @@
+#include "st_writer.h"
