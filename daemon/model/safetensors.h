@@ -40,6 +40,9 @@ typedef struct StFile StFile;
 int st_parse(const char *name, const uint8_t *buf, size_t size, StTensor **ret_tensors,
         size_t *ret_n, DsError *err);
 
+/* Frees what st_parse returned. */
+void st_tensors_free(StTensor *t, size_t n);
+
 /* Maps path and parses it. */
 int st_file_open(const char *path, StFile **ret, DsError *err);
 StFile *st_file_free(StFile *f);
@@ -56,6 +59,12 @@ const StTensor *st_archive_find(const StArchive *a, const char *name);
 /* All tensors, for inspection; stable order (by name). */
 const StTensor *st_archive_tensor(const StArchive *a, size_t i);
 size_t st_archive_size(const StArchive *a);
+/* How many safetensors files the archive maps (1, or the number of shards). */
+size_t st_archive_n_files(const StArchive *a);
+
+/* Reads a small text file (an index or a config, at most max bytes) into a NUL-terminated
+ * buffer the caller frees. Errors name the path. */
+int st_read_text(const char *path, size_t max, char **ret, size_t *ret_len, DsError *err);
 
 const char *st_dtype_name(StDtype t);
 size_t st_dtype_size(StDtype t);
