@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: MIT */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+#include "log.h"
+
+/* Without a configured budget the cache holds one sequence of this many positions (or
+ * the model's whole context if shorter): enough for --generate and the tests without
+ * reserving gigabytes for a 128k-context model on the CPU. */
+#define ENGINE_DEFAULT_KV_POSITIONS 8192u
+
+uint64_t now_usec(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+const char *finish_reason_name(FinishReason r)
+{
+        static const char *const names[_FINISH_MAX] = {
+                [FINISH_LENGTH] = "length",
+                [FINISH_EOS] = "eos",
+                [FINISH_STOP] = "stop",
+        };
+        return r >= 0 && r < _FINISH_MAX ? names[r] : "unknown";
+}
+
+static void load_progress(void *userdata, uint32_t done, uint32_t n)
+{
+        const char *dir = userdata;
+
+        fprintf(stderr, "\rloading %s: %u/%u layers", dir, done, n);
+        if (done == n)
+                fputc('\n', stderr);
+}
+
+static void add_eos(Engine *e, int32_t id)
+{
+        if (id < 0 || engine_is_eos(e, id) || e->n_eos >= ELEMENTSOF(e->eos_ids))
+                return;
+        e->eos_ids[e->n_eos++] = id;
+}
+
+bool engine_is_eos(const Engine *e, int32_t id)
+{
+        for (uint32_t i = 0; i < e->n_eos; i++)
+                if (e->eos_ids[i] == id)
+                        return true;
+        return false;
+}
+
+int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError *err)
+{
+        _cleanup_(engine_freep) Engine *e = NULL;
+        EngineOptions defaults = {};
+        char path[PATH_MAX];
+        bool unknown_template = false;
+        uint64_t t0 = now_usec();
+        int r;
+
+        if (!opt)
+                opt = &defaults;
+        e = calloc(1, sizeof(*e));
+        if (!e)
+                return ds_error(err, -ENOMEM, "out of memory");
+
+        ModelOptions mo = {
+                .quantize_int4 = opt->quantize_int4,
+                .progress = opt->verbose ? load_progress : NULL,
+                .userdata = (void *) dir,
+        };
+        r = model_load(dir, &mo, &e->model, err);
+        if (r < 0)
+                return r;
+
+        snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+        r = tokenizer_load(path, &e->tok, err);
+        if (r < 0)
+                return r;
+        snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+        r = tokenizer_load_config(e->tok, path, &unknown_template, err);
+        if (r < 0)
+                return r;
+        if (unknown_template)
+                log_warning("%s: chat template of an unknown family; --chat falls back to raw "
+                            "completion",
+                        path);
+
+        /* Ids past the tokenizer's vocabulary are padding rows of the embedding. */
+        BkConfig *cfg = &e->model->bk.cfg;
+        uint32_t n_vocab = tokenizer_n_vocab(e->tok);
+        if (n_vocab > cfg->vocab_size)
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: tokenizer has %u ids but the model's vocab_size is %u", dir,
+                        n_vocab, cfg->vocab_size);
+        cfg->vocab_sample = n_vocab;
+
+        for (uint32_t i = 0; i < e->model->info.n_eos; i++)
+                add_eos(e, e->model->info.eos_ids[i]);
+        add_eos(e, tokenizer_eos(e->tok));
+
+        e->ops = backend_find(opt->backend ? opt->backend : "auto");
+        if (!e->ops)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "backend '%s' is not available in this build or on this machine",
+                        opt->backend);
+        BkOptions bo = { .threads = opt->threads };
+        r = e->ops->create(&bo, &e->be, err);
+        if (r < 0)
+                return r;
+        r = e->ops->load(e->be, &e->model->bk, err);
+        if (r < 0)
+                return r;
+
+        e->block_tokens = opt->kv_block_tokens ? opt->kv_block_tokens : 16;
+        uint64_t kv_bytes = opt->kv_bytes;
+        if (!kv_bytes) {
+                uint64_t positions = MIN(cfg->max_positions, ENGINE_DEFAULT_KV_POSITIONS);
+                uint64_t blocks = (positions + e->block_tokens - 1) / e->block_tokens;
+                kv_bytes = blocks * e->block_tokens * e->ops->kv_bytes_per_token(e->be);
+        }
+        int64_t n_blocks = e->ops->kv_init(e->be, e->block_tokens, kv_bytes, err);
+        if (n_blocks < 0)
+                return (int) n_blocks;
+        if (n_blocks > UINT32_MAX)
+                n_blocks = UINT32_MAX;
+        r = kv_pool_init(&e->kv, (uint32_t) n_blocks);
+        if (r < 0)
+                return ds_error(err, r, "out of memory for the KV block pool");
+
+        e->load_usec = now_usec() - t0;
+        *ret = TAKE_PTR(e);
+        return 0;
+}
+
+Engine *engine_free(Engine *e)
+{
+        if (!e)
+                return NULL;
+        if (e->be)
+                e->ops->free(e->be);
+        kv_pool_done(&e->kv);
+        tokenizer_free(e->tok);
+        model_free(e->model);
+        free(e);
+        return NULL;
+}

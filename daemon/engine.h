@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/* A loaded model ready to run: checkpoint, tokenizer and a backend holding the weights,
+ * plus the KV-cache block pool. The one-request generation path (dsd --generate) and the
+ * tests drive it directly; the serving scheduler will drive the same parts. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "error.h"
+#include "kv_pool.h"
+#include "model.h"
+#include "tokenizer.h"
+
+typedef struct EngineOptions {
+        const char *backend;      /* "cpu", "cuda" or "auto"; NULL means auto */
+        bool quantize_int4;       /* quantize FP16/BF16 linears to INT4 at load */
+        uint32_t kv_block_tokens; /* positions per KV block; 0 means 16 */
+        uint64_t kv_bytes;        /* KV cache budget; 0 sizes it for one full context */
+        uint32_t threads;         /* CPU backend threads; 0 means one */
+        bool verbose;             /* progress lines on stderr while loading */
+} EngineOptions;
+
+typedef struct Engine {
+        Model *model;
+        Tokenizer *tok;
+        const BackendOps *ops;
+        Backend *be;
+        KvPool kv;
+        uint32_t block_tokens;
+        int32_t eos_ids[16]; /* config.json's eos ids and the tokenizer's, deduplicated */
+        uint32_t n_eos;
+        uint64_t load_usec;
+} Engine;
+
+int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError *err);
+Engine *engine_free(Engine *e);
+DEFINE_TRIVIAL_CLEANUP_FUNC(Engine *, engine_free);
+
+bool engine_is_eos(const Engine *e, int32_t id);
+
+typedef enum FinishReason {
+        FINISH_LENGTH, /* max tokens or the context limit */
+        FINISH_EOS,
+        FINISH_STOP,   /* a stop string */
+        _FINISH_MAX,
+} FinishReason;
+
+const char *finish_reason_name(FinishReason r);
+
+typedef struct GenParams {
+        uint32_t max_tokens;
+        BkSampling sampling;
+        const char *const *stops; /* stop strings, not included in the output */
+        uint32_t n_stops;
+        bool chat;                /* wrap the text as one user turn of the chat template */
+} GenParams;
+
+typedef struct GenResult {
+        uint32_t prompt_tokens;
+        uint32_t generated_tokens;
+        FinishReason finish;
+        uint64_t prefill_usec;
+        uint64_t decode_usec;
+} GenResult;
+
+/* Called with each piece of output text as it becomes final (whole UTF-8 characters,
+ * never part of a stop string). */
+typedef void (*GenEmit)(void *userdata, const char *text, size_t len);
+
+/* Runs one request to completion on a fresh sequence. */
+int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emit,
+        void *userdata, GenResult *ret, DsError *err);
+
+uint64_t now_usec(void);

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""dsd --generate on the embedded synthetic model: the documented command-line surface,
+determinism of greedy and seeded sampling, and clear errors for bad input."""
+import os
+import re
+import subprocess
+import sys
+
+dsd = os.environ["DSD"]
+model = os.path.join(os.environ["DSD_BUILD"], "models", "tiny")
+failures = 0
+checks = 0
+
+
+def run(*args):
+    return subprocess.run([dsd, *args], capture_output=True)
+
+
+def check(cond, what):
+    global failures, checks
+    checks += 1
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures += 1
+
+
+def summary(p):
+    m = re.search(rb"(\d+) prompt tokens .* (\d+) generated tokens, [\d.]+ tokens/s, finish (\w+)",
+                  p.stderr)
+    return (int(m.group(1)), int(m.group(2)), m.group(3).decode()) if m else None
+
+
+p = run("--help")
+check(p.returncode == 0 and b"--generate" in p.stdout and b"--max-tokens" in p.stdout,
+      "--help exits 0 and documents the options")
+
+p = run("--model", model, "--generate", "Hello world", "--max-tokens", "16")
+s = summary(p)
+check(p.returncode == 0 and s is not None, "greedy generation runs and prints a summary")
+check(s is not None and (s[1] == 16 if s[2] == "length" else s[1] < 16),
+      f"--max-tokens 16 bounds the output ({s})")
+check(b"\n" not in p.stderr.strip().split(b"\n")[-1] and p.stdout.count(b"dsd:") == 0,
+      "stdout holds only generated text")
+
+q = run("--model", model, "--generate", "Hello world", "--max-tokens", "16")
+check(q.returncode == 0 and q.stdout == p.stdout, "greedy output is deterministic")
+
+a = run("--model", model, "--generate", "Hello", "--temperature", "1", "--seed", "7",
+        "--max-tokens", "32")
+b = run("--model", model, "--generate", "Hello", "--temperature", "1", "--seed", "7",
+        "--max-tokens", "32")
+c = run("--model", model, "--generate", "Hello", "--temperature", "1", "--seed", "8",
+        "--max-tokens", "32")
+check(a.returncode == 0 and a.stdout == b.stdout, "same seed, same sampled text")
+check(c.returncode == 0 and a.stdout != c.stdout, "another seed, another sampled text")
+
+p = run("--model", model, "--generate", "Hi", "--chat", "--max-tokens", "8")
+s = summary(p)
+check(p.returncode == 0 and s is not None and s[0] > 3,
+      f"--chat wraps the prompt in the ChatML template ({s})")
+
+p = run("--model", model + "-missing", "--generate", "x")
+check(p.returncode == 1 and (model + "-missing").encode() in p.stderr,
+      "a missing model directory is named in the error")
+
+p = run("--model", model, "--generate", "x", "--max-tokens", "lots")
+check(p.returncode == 1 and b"--max-tokens" in p.stderr, "a bad option value names the option")
+
+p = run("--model", model, "--generate", "x", "--bogus")
+check(p.returncode == 1 and b"bogus" in p.stderr, "an unknown option is named")
+
+p = run("--model", model)
+check(p.returncode == 1 and b"--generate" in p.stderr, "serving mode says it is not built")
+
+p = run("--model", model, "--generate", "many words " * 2000, "--max-tokens", "4")
+check(p.returncode == 1 and b"context" in p.stderr,
+      "a prompt longer than the context is rejected, not cut")
+
+p = run("--model", model, "--generate", "x", "--backend", "nonesuch")
+check(p.returncode == 1 and b"nonesuch" in p.stderr, "an unknown backend is named")
+
+print(f"{checks - failures} passed, {failures} failed")
+sys.exit(1 if failures else 0)

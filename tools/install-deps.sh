@@ -1,0 +1,13 @@
+#!/bin/sh
+# Installs what building and testing dsd needs, from Debian's packages. One list, used by
+# the README's quick start and by CI. Runs apt-get through sudo when not root.
+set -eu
+SUDO=
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+        gcc libc6-dev meson ninja-build pkg-config xz-utils python3 \
+        libcjson-dev libpcre2-dev libutf8proc-dev \
+        clang libclang-rt-14-dev >/dev/null
+echo "install-deps: build and test dependencies are installed"
