@@ -22,6 +22,15 @@ typedef struct ModelInfo {
         int32_t bos_id;          /* -1 when none */
         int32_t eos_ids[8];      /* config.json eos_token_id, int or list */
         uint32_t n_eos;
+        bool tie_embeddings;     /* lm_head is the embedding (tie_word_embeddings) */
+        bool qkv_bias;           /* q/k/v_proj have biases (Qwen2; Llama attention_bias) */
+        bool o_bias;             /* o_proj has a bias (Llama attention_bias) */
+        bool mlp_bias;           /* gate/up/down_proj have biases (Llama mlp_bias) */
+        uint32_t group_size;     /* AWQ group size of the checkpoint's linears; 0 when dense */
+        /* quantization_config.modules_to_not_convert: a linear whose name contains one of
+         * these is stored dense in an AWQ checkpoint. */
+        char not_convert[16][64];
+        uint32_t n_not_convert;
 } ModelInfo;
 
 typedef struct Model {
@@ -33,7 +42,13 @@ typedef struct Model {
         size_t n_owned;
 } Model;
 
-/* Parses DIR/config.json into cfg and info without touching the weights. */
+/* Parses one config.json held in memory (the fuzzer's entry point); name is used only in
+ * messages. Quantization comes from its quantization_config only. */
+int model_config_parse(const char *name, const char *json, size_t len, BkConfig *ret_cfg,
+        ModelInfo *ret_info, DsError *err);
+
+/* Parses DIR/config.json into cfg and info without touching the weights; the quantization
+ * comes from DIR/quant_config.json (the older AutoAWQ file) when config.json has none. */
 int model_config_load(const char *dir, BkConfig *ret_cfg, ModelInfo *ret_info, DsError *err);
 
 int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *err);

@@ -1,1 +1,563 @@
+/* SPDX-License-Identifier: MIT */
+/* config.json (and the older quant_config.json) into BkConfig and ModelInfo. Every field is
+ * type- and range-checked, and every message names the file and the field, because a bad
+ * config is the most common way a checkpoint fails to load. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
 #include "model.h"
+
+/* Limits well above any real model, so that products of dimensions stay far from
+ * overflow and a hostile config cannot ask for absurd allocations. */
+#define DIM_MAX (1u << 20)
+#define HEADS_MAX 4096u
+#define LAYERS_MAX 4096u
+#define VOCAB_MAX (1u << 24)
+#define POSITIONS_MAX (1u << 26)
+#define CONFIG_FILE_MAX (16u << 20)
+
+static void cjson_deletep(cJSON **j)
+{
+        cJSON_Delete(*j);
+}
+
+/* The context every field reader needs for its message: the file and the object's path. */
+typedef struct Field {
+        const char *file;
+        const char *prefix; /* "" or "rope_scaling." etc. */
+        const cJSON *obj;
+        DsError *err;
+} Field;
+
+/* A short rendering of a JSON value for messages ("got ..."). */
+static const char *json_str(const cJSON *j, char *buf, size_t size)
+{
+        _cleanup_free_ char *s = cJSON_PrintUnformatted(j);
+
+        if (!s)
+                return "?";
+        if (strlen(s) >= size && size > 4)
+                snprintf(buf, size, "%.*s...", (int) size - 4, s);
+        else
+                snprintf(buf, size, "%s", s);
+        return buf;
+}
+
+static int field_error(const Field *f, int code, const char *key, const cJSON *v,
+        const char *want)
+{
+        char buf[48];
+
+        if (!v)
+                return ds_error(f->err, code, "%s: field '%s%s' is missing", f->file, f->prefix,
+                        key);
+        return ds_error(f->err, code, "%s: field '%s%s' must be %s, got %s", f->file, f->prefix,
+                key, want, json_str(v, buf, sizeof(buf)));
+}
+
+/* A value that is absent or null takes the default. */
+static const cJSON *field_get(const Field *f, const char *key)
+{
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(f->obj, key);
+        return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* An integer in [lo, hi]; absent → def when !required. */
+static int field_uint(const Field *f, const char *key, bool required, uint32_t def, uint32_t lo,
+        uint32_t hi, uint32_t *ret)
+{
+        const cJSON *v = field_get(f, key);
+        char want[64];
+        double d;
+
+        if (!v) {
+                if (required)
+                        return field_error(f, -DS_ERR_FORMAT, key, NULL, NULL);
+                *ret = def;
+                return 0;
+        }
+        snprintf(want, sizeof(want), "an integer in [%u, %u]", lo, hi);
+        if (!cJSON_IsNumber(v))
+                return field_error(f, -DS_ERR_FORMAT, key, v, want);
+        d = v->valuedouble;
+        if (!isfinite(d) || d != floor(d) || d < lo || d > hi)
+                return field_error(f, -DS_ERR_FORMAT, key, v, want);
+        *ret = (uint32_t) d;
+        return 0;
+}
+
+/* A finite number > lo (or >= lo when inclusive). */
+static int field_float(const Field *f, const char *key, bool required, double def, double lo,
+        bool inclusive, float *ret)
+{
+        const cJSON *v = field_get(f, key);
+        char want[64];
+        double d;
+
+        if (!v) {
+                if (required)
+                        return field_error(f, -DS_ERR_FORMAT, key, NULL, NULL);
+                *ret = (float) def;
+                return 0;
+        }
+        snprintf(want, sizeof(want), "a finite number %s %g", inclusive ? ">=" : ">", lo);
+        if (!cJSON_IsNumber(v))
+                return field_error(f, -DS_ERR_FORMAT, key, v, want);
+        d = v->valuedouble;
+        if (!isfinite(d) || d < lo || (!inclusive && d == lo) || !isfinite((float) d))
+                return field_error(f, -DS_ERR_FORMAT, key, v, want);
+        *ret = (float) d;
+        return 0;
+}
+
+static int field_bool(const Field *f, const char *key, bool def, bool *ret)
+{
+        const cJSON *v = field_get(f, key);
+
+        if (!v) {
+                *ret = def;
+                return 0;
+        }
+        if (!cJSON_IsBool(v))
+                return field_error(f, -DS_ERR_FORMAT, key, v, "true or false");
+        *ret = cJSON_IsTrue(v);
+        return 0;
+}
+
+/* A string, or NULL in *ret when absent and not required. */
+static int field_string(const Field *f, const char *key, bool required, const char **ret)
+{
+        const cJSON *v = field_get(f, key);
+
+        if (!v) {
+                if (required)
+                        return field_error(f, -DS_ERR_FORMAT, key, NULL, NULL);
+                *ret = NULL;
+                return 0;
+        }
+        if (!cJSON_IsString(v))
+                return field_error(f, -DS_ERR_FORMAT, key, v, "a string");
+        *ret = v->valuestring;
+        return 0;
+}
+
+// --- Architecture and dimensions
+
+static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
+{
+        static const struct {
+                const char *name;
+                BkArch arch;
+        } archs[] = {
+                { "Qwen2ForCausalLM", BK_ARCH_QWEN2 },
+                { "LlamaForCausalLM", BK_ARCH_LLAMA },
+        };
+        const cJSON *v = field_get(f, "architectures");
+        const char *name;
+
+        if (!v)
+                return field_error(f, -DS_ERR_FORMAT, "architectures", NULL, NULL);
+        if (!cJSON_IsArray(v) || !cJSON_IsString(v->child))
+                return field_error(f, -DS_ERR_FORMAT, "architectures", v,
+                        "a list of architecture names");
+        name = v->child->valuestring;
+        for (size_t i = 0; i < ELEMENTSOF(archs); i++)
+                if (!strcmp(name, archs[i].name)) {
+                        *ret_arch = archs[i].arch;
+                        snprintf(info->architecture, sizeof(info->architecture), "%s", name);
+                        return 0;
+                }
+        return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                "%s: architecture '%.100s' is not supported (supported: Qwen2ForCausalLM, LlamaForCausalLM)",
+                f->file, name);
+}
+
+static int parse_dims(const Field *f, BkConfig *c)
+{
+        bool has_head_dim = field_get(f, "head_dim") != NULL;
+        int r;
+
+        if ((r = field_uint(f, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden)) < 0 ||
+                (r = field_uint(f, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate)) < 0 ||
+                (r = field_uint(f, "num_hidden_layers", true, 0, 1, LAYERS_MAX, &c->n_layers)) < 0 ||
+                (r = field_uint(f, "num_attention_heads", true, 0, 1, HEADS_MAX, &c->n_heads)) < 0 ||
+                (r = field_uint(f, "num_key_value_heads", false, c->n_heads, 1, HEADS_MAX,
+                         &c->n_kv_heads)) < 0 ||
+                (r = field_uint(f, "vocab_size", true, 0, 1, VOCAB_MAX, &c->vocab_size)) < 0 ||
+                (r = field_uint(f, "max_position_embeddings", true, 0, 1, POSITIONS_MAX,
+                         &c->max_positions)) < 0 ||
+                (r = field_float(f, "rms_norm_eps", false, 1e-6, 0, false, &c->rms_eps)) < 0)
+                return r;
+
+        if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads != 0)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'num_key_value_heads' (%u) must divide num_attention_heads (%u)",
+                        f->file, c->n_kv_heads, c->n_heads);
+        if (!has_head_dim && c->hidden % c->n_heads != 0)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'num_attention_heads' (%u) must divide hidden_size (%u) when head_dim is not given",
+                        f->file, c->n_heads, c->hidden);
+        r = field_uint(f, "head_dim", false, c->hidden / c->n_heads, 2, DIM_MAX, &c->head_dim);
+        if (r < 0)
+                return r;
+        /* Rotate-half RoPE pairs element i with i + head_dim/2. */
+        if (c->head_dim % 2 != 0)
+                return ds_error(f->err, -DS_ERR_FORMAT, "%s: field 'head_dim' (%u) must be even",
+                        f->file, c->head_dim);
+        if ((uint64_t) c->head_dim * c->n_heads > DIM_MAX)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'head_dim' (%u) times num_attention_heads (%u) is over %u",
+                        f->file, c->head_dim, c->n_heads, DIM_MAX);
+        c->vocab_sample = c->vocab_size;
+        return 0;
+}
+
+// --- RoPE
+
+/* transformers' get_mscale. */
+static float yarn_mscale(float scale, float mscale)
+{
+        return scale <= 1.0f ? 1.0f : 0.1f * mscale * logf(scale) + 1.0f;
+}
+
+static int parse_rope_llama3(const Field *p, BkRope *rope)
+{
+        int r;
+
+        if ((r = field_float(p, "factor", true, 0, 1, true, &rope->factor)) < 0 ||
+                (r = field_float(p, "low_freq_factor", true, 0, 0, false, &rope->low_freq_factor)) < 0 ||
+                (r = field_float(p, "high_freq_factor", true, 0, 0, false, &rope->high_freq_factor)) < 0 ||
+                (r = field_uint(p, "original_max_position_embeddings", true, 0, 1, POSITIONS_MAX,
+                         &rope->original_max_pos)) < 0)
+                return r;
+        /* The smoothing ramp divides by high - low. */
+        if (rope->high_freq_factor <= rope->low_freq_factor)
+                return ds_error(p->err, -DS_ERR_FORMAT,
+                        "%s: field '%shigh_freq_factor' (%g) must be above low_freq_factor (%g)",
+                        p->file, p->prefix, rope->high_freq_factor, rope->low_freq_factor);
+        return 0;
+}
+
+static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
+{
+        float mscale, mscale_all;
+        int r;
+
+        if ((r = field_float(p, "factor", true, 0, 1, true, &rope->factor)) < 0 ||
+                (r = field_uint(p, "original_max_position_embeddings", false, max_positions, 1,
+                         POSITIONS_MAX, &rope->original_max_pos)) < 0 ||
+                (r = field_float(p, "beta_fast", false, 32, 0, false, &rope->beta_fast)) < 0 ||
+                (r = field_float(p, "beta_slow", false, 1, 0, false, &rope->beta_slow)) < 0 ||
+                (r = field_float(p, "mscale", false, 0, 0, true, &mscale)) < 0 ||
+                (r = field_float(p, "mscale_all_dim", false, 0, 0, true, &mscale_all)) < 0 ||
+                (r = field_float(p, "attention_factor", false, 0, 0, true,
+                         &rope->attention_factor)) < 0)
+                return r;
+        if (rope->beta_fast < rope->beta_slow)
+                return ds_error(p->err, -DS_ERR_FORMAT,
+                        "%s: field '%sbeta_fast' (%g) must not be below beta_slow (%g)", p->file,
+                        p->prefix, rope->beta_fast, rope->beta_slow);
+        /* As transformers' _compute_yarn_parameters: an explicit attention_factor wins,
+         * then the DeepSeek-style mscale ratio, then 0.1 ln(factor) + 1. */
+        if (rope->attention_factor == 0) {
+                if (mscale > 0 && mscale_all > 0)
+                        rope->attention_factor = yarn_mscale(rope->factor, mscale) /
+                                yarn_mscale(rope->factor, mscale_all);
+                else
+                        rope->attention_factor = yarn_mscale(rope->factor, 1.0f);
+        }
+        return 0;
+}
+
+/* Two spellings: transformers 5's rope_parameters {rope_theta, rope_type, ...}, or the
+ * published top-level rope_theta plus rope_scaling {type|rope_type, ...}. */
+static int parse_rope(const Field *f, uint32_t max_positions, BkRope *rope)
+{
+        const cJSON *params = field_get(f, "rope_parameters");
+        bool v5 = params != NULL;
+        const char *type = NULL;
+        Field p;
+        int r;
+
+        *rope = (BkRope) { .type = BK_ROPE_DEFAULT };
+        r = field_float(f, "rope_theta", false, 10000.0, 0, false, &rope->theta);
+        if (r < 0)
+                return r;
+        if (!v5)
+                params = field_get(f, "rope_scaling");
+        if (!params)
+                return 0;
+        if (!cJSON_IsObject(params))
+                return field_error(f, -DS_ERR_FORMAT, v5 ? "rope_parameters" : "rope_scaling",
+                        params, "an object or null");
+
+        p = (Field) { f->file, v5 ? "rope_parameters." : "rope_scaling.", params, f->err };
+        if (v5) {
+                r = field_float(&p, "rope_theta", false, rope->theta, 0, false, &rope->theta);
+                if (r < 0)
+                        return r;
+        }
+        const char *key = "rope_type";
+        r = field_string(&p, key, false, &type);
+        if (r >= 0 && !type) {
+                key = "type";
+                r = field_string(&p, key, !v5, &type);
+        }
+        if (r < 0)
+                return r;
+
+        if (!type || !strcmp(type, "default"))
+                return 0;
+        if (!strcmp(type, "llama3")) {
+                rope->type = BK_ROPE_LLAMA3;
+                return parse_rope_llama3(&p, rope);
+        }
+        if (!strcmp(type, "yarn")) {
+                rope->type = BK_ROPE_YARN;
+                return parse_rope_yarn(&p, max_positions, rope);
+        }
+        return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                "%s: field '%s%s': RoPE scaling '%.64s' is not supported (supported: default, llama3, yarn)",
+                f->file, p.prefix, key, type);
+}
+
+// --- Token ids
+
+static int parse_token_ids(const Field *f, uint32_t vocab, ModelInfo *info)
+{
+        const cJSON *eos = field_get(f, "eos_token_id"), *e;
+        uint32_t id;
+        int r;
+
+        info->bos_id = -1;
+        if (field_get(f, "bos_token_id")) {
+                r = field_uint(f, "bos_token_id", true, 0, 0, vocab - 1, &id);
+                if (r < 0)
+                        return r;
+                info->bos_id = (int32_t) id;
+        }
+
+        info->n_eos = 0;
+        if (!eos)
+                return 0;
+        if (cJSON_IsNumber(eos)) {
+                r = field_uint(f, "eos_token_id", true, 0, 0, vocab - 1, &id);
+                if (r < 0)
+                        return r;
+                info->eos_ids[info->n_eos++] = (int32_t) id;
+                return 0;
+        }
+        if (!cJSON_IsArray(eos))
+                return field_error(f, -DS_ERR_FORMAT, "eos_token_id", eos,
+                        "a token id, a list of them, or null");
+        cJSON_ArrayForEach(e, eos) {
+                double d = cJSON_IsNumber(e) ? e->valuedouble : -1;
+
+                if (!isfinite(d) || d != floor(d) || d < 0 || d >= vocab)
+                        return field_error(f, -DS_ERR_FORMAT, "eos_token_id", eos,
+                                "a list of token ids below vocab_size");
+                if (info->n_eos == ELEMENTSOF(info->eos_ids))
+                        return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                                "%s: field 'eos_token_id' lists more than %zu ids", f->file,
+                                ELEMENTSOF(info->eos_ids));
+                info->eos_ids[info->n_eos++] = (int32_t) d;
+        }
+        return 0;
+}
+
+// --- Quantization
+
+/* AutoAWQ GEMM only. legacy reads quant_config.json's spelling (w_bit, q_group_size). */
+static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
+{
+        const char *method = NULL, *version = NULL;
+        const cJSON *skip, *e;
+        uint32_t bits, gs;
+        bool zero_point;
+        int r;
+
+        if (!legacy) {
+                r = field_string(q, "quant_method", true, &method);
+                if (r < 0)
+                        return r;
+                if (strcasecmp(method, "awq"))
+                        return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                                "%s: field '%squant_method': quantization method '%.64s' is not supported (supported: awq)",
+                                q->file, q->prefix, method);
+        }
+        r = field_uint(q, legacy ? "w_bit" : "bits", true, 0, 0, 64, &bits);
+        if (r < 0)
+                return r;
+        if (bits != 4)
+                return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field '%s%s': %u-bit AWQ is not supported (only 4)", q->file,
+                        q->prefix, legacy ? "w_bit" : "bits", bits);
+        r = field_uint(q, legacy ? "q_group_size" : "group_size", true, 0, 0, UINT32_MAX, &gs);
+        if (r < 0)
+                return r;
+        if (gs != 32 && gs != 64 && gs != 128)
+                return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field '%s%s': group size %u is not supported (32, 64 or 128)",
+                        q->file, q->prefix, legacy ? "q_group_size" : "group_size", gs);
+        r = field_bool(q, "zero_point", true, &zero_point);
+        if (r < 0)
+                return r;
+        if (!zero_point)
+                return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field '%szero_point': AWQ without zero points is not supported",
+                        q->file, q->prefix);
+        r = field_string(q, "version", false, &version);
+        if (r < 0)
+                return r;
+        if (version && !strcasecmp(version, "gemv"))
+                return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field '%sversion': the AWQ GEMV layout (qweight [out, in/8]) is not supported; requantize as GEMM",
+                        q->file, q->prefix);
+        if (version && strcasecmp(version, "gemm"))
+                return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field '%sversion': AWQ version '%.64s' is not supported (supported: gemm)",
+                        q->file, q->prefix, version);
+
+        info->n_not_convert = 0;
+        skip = field_get(q, "modules_to_not_convert");
+        if (skip && !cJSON_IsArray(skip))
+                return field_error(q, -DS_ERR_FORMAT, "modules_to_not_convert", skip,
+                        "a list of module names or null");
+        cJSON_ArrayForEach(e, skip) {
+                if (!cJSON_IsString(e) || !e->valuestring[0])
+                        return field_error(q, -DS_ERR_FORMAT, "modules_to_not_convert", skip,
+                                "a list of module names or null");
+                if (info->n_not_convert == ELEMENTSOF(info->not_convert) ||
+                        strlen(e->valuestring) >= sizeof(info->not_convert[0]))
+                        return ds_error(q->err, -DS_ERR_UNSUPPORTED,
+                                "%s: field '%smodules_to_not_convert': more than %zu names, or a name over %zu bytes",
+                                q->file, q->prefix, ELEMENTSOF(info->not_convert),
+                                sizeof(info->not_convert[0]) - 1);
+                strcpy(info->not_convert[info->n_not_convert++], e->valuestring);
+        }
+
+        info->group_size = gs;
+        snprintf(info->quant, sizeof(info->quant), "awq-int4 g%u", gs);
+        return 0;
+}
+
+// --- Entry points
+
+int model_config_parse(const char *name, const char *json, size_t len, BkConfig *ret_cfg,
+        ModelInfo *ret_info, DsError *err)
+{
+        _cleanup_(cjson_deletep) cJSON *root = NULL;
+        const cJSON *quant;
+        BkConfig c = {};
+        ModelInfo info = {};
+        bool sliding, attn_bias, mlp_bias;
+        const char *act;
+        Field f;
+        int r;
+
+        if (!name || (!json && len > 0) || !ret_cfg || !ret_info)
+                return -EINVAL;
+        root = cJSON_ParseWithLength(json, len);
+        if (!root)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: not valid JSON", name);
+        if (!cJSON_IsObject(root))
+                return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", name);
+        f = (Field) { name, "", root, err };
+
+        if ((r = parse_arch(&f, &c.arch, &info)) < 0 || (r = parse_dims(&f, &c)) < 0 ||
+                (r = parse_rope(&f, c.max_positions, &c.rope)) < 0 ||
+                (r = parse_token_ids(&f, c.vocab_size, &info)) < 0 ||
+                (r = field_bool(&f, "tie_word_embeddings", false, &info.tie_embeddings)) < 0 ||
+                (r = field_string(&f, "hidden_act", false, &act)) < 0)
+                return r;
+        if (act && strcmp(act, "silu"))
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "%s: field 'hidden_act': activation '%.64s' is not supported (supported: silu)",
+                        name, act);
+
+        if (c.arch == BK_ARCH_QWEN2) {
+                r = field_bool(&f, "use_sliding_window", false, &sliding);
+                if (r < 0)
+                        return r;
+                if (sliding)
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "%s: field 'use_sliding_window': sliding-window attention is not supported",
+                                name);
+                info.qkv_bias = true;
+        } else {
+                if ((r = field_bool(&f, "attention_bias", false, &attn_bias)) < 0 ||
+                        (r = field_bool(&f, "mlp_bias", false, &mlp_bias)) < 0)
+                        return r;
+                info.qkv_bias = info.o_bias = attn_bias;
+                info.mlp_bias = mlp_bias;
+        }
+
+        snprintf(info.quant, sizeof(info.quant), "dense");
+        quant = field_get(&f, "quantization_config");
+        if (quant) {
+                if (!cJSON_IsObject(quant))
+                        return field_error(&f, -DS_ERR_FORMAT, "quantization_config", quant,
+                                "an object");
+                Field q = { name, "quantization_config.", quant, err };
+                r = parse_quant(&q, false, &info);
+                if (r < 0)
+                        return r;
+        }
+
+        *ret_cfg = c;
+        *ret_info = info;
+        return 0;
+}
+
+int model_config_load(const char *dir, BkConfig *ret_cfg, ModelInfo *ret_info, DsError *err)
+{
+        _cleanup_free_ char *path = NULL, *qpath = NULL, *text = NULL, *qtext = NULL;
+        _cleanup_(cjson_deletep) cJSON *qroot = NULL;
+        BkConfig c;
+        ModelInfo info;
+        size_t len;
+        int r;
+
+        if (!dir || !ret_cfg || !ret_info)
+                return -EINVAL;
+        if (asprintf(&path, "%s/config.json", dir) < 0) {
+                path = NULL;
+                return -ENOMEM;
+        }
+        r = st_read_text(path, CONFIG_FILE_MAX, &text, &len, err);
+        if (r < 0)
+                return r;
+        r = model_config_parse(path, text, len, &c, &info, err);
+        if (r < 0)
+                return r;
+
+        if (info.group_size == 0) {
+                if (asprintf(&qpath, "%s/quant_config.json", dir) < 0) {
+                        qpath = NULL;
+                        return -ENOMEM;
+                }
+                if (access(qpath, F_OK) == 0) {
+                        r = st_read_text(qpath, CONFIG_FILE_MAX, &qtext, &len, err);
+                        if (r < 0)
+                                return r;
+                        qroot = cJSON_ParseWithLength(qtext, len);
+                        if (!cJSON_IsObject(qroot))
+                                return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object",
+                                        qpath);
+                        Field q = { qpath, "", qroot, err };
+                        r = parse_quant(&q, true, &info);
+                        if (r < 0)
+                                return r;
+                }
+        }
+
+        *ret_cfg = c;
+        *ret_info = info;
+        return 0;
+}
