@@ -1,1 +1,382 @@
+/* SPDX-License-Identifier: MIT */
+/* A checkpoint directory into a BkModel. Tensors are used in place from the read-only maps;
+ * the only copies are of tensors whose mapped address is misaligned for their element type
+ * and of linears quantized at load. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "awq_pack.h"
+#include "half.h"
 #include "model.h"
+
+#define QUANT_GROUP 128
+
+typedef struct Loader {
+        Model *m;
+        const ModelOptions *opt;
+        DsError *err;
+} Loader;
+
+Model *model_free(Model *m)
+{
+        if (!m)
+                return NULL;
+        for (size_t i = 0; i < m->n_owned; i++)
+                free(m->owned[i]);
+        free(m->owned);
+        free(m->bk.layers);
+        st_archive_free(m->archive);
+        free(m->dir);
+        free(m);
+        return NULL;
+}
+
+/* Allocates size bytes aligned for any element type and records them in m->owned. */
+static void *model_alloc(Model *m, size_t size)
+{
+        void **owned, *p = NULL;
+
+        owned = realloc(m->owned, (m->n_owned + 1) * sizeof(*owned));
+        if (!owned)
+                return NULL;
+        m->owned = owned;
+        if (posix_memalign(&p, 64, size ? size : 1) != 0)
+                return NULL;
+        m->owned[m->n_owned++] = p;
+        return p;
+}
+
+static const char *shape_str(const uint64_t *shape, uint32_t n, char *buf, size_t size)
+{
+        size_t at = 0;
+
+        at += (size_t) snprintf(buf, size, "[");
+        for (uint32_t i = 0; i < n && at < size; i++)
+                at += (size_t) snprintf(buf + at, size - at, "%s%" PRIu64, i ? ", " : "",
+                        shape[i]);
+        if (at < size)
+                snprintf(buf + at, size - at, "]");
+        return buf;
+}
+
+static bool dtype_is_float(StDtype t)
+{
+        return t == ST_F32 || t == ST_F16 || t == ST_BF16;
+}
+
+static BkDtype bk_dtype(StDtype t)
+{
+        return t == ST_F32 ? BK_DT_F32 : t == ST_F16 ? BK_DT_F16 : BK_DT_BF16;
+}
+
+/* Finds name and checks its shape; want_float accepts F32/F16/BF16, otherwise the dtype
+ * must be exactly want. */
+static int get_tensor(Loader *L, const char *name, bool want_float, StDtype want, uint32_t n_dims,
+        uint64_t d0, uint64_t d1, const StTensor **ret)
+{
+        const StArchive *a = L->m->archive;
+        const StTensor *t = st_archive_find(a, name);
+        uint64_t shape[2] = { d0, d1 };
+        char got[128], exp[64];
+
+        if (!t)
+                return ds_error(L->err, -DS_ERR_FORMAT, "%s: tensor '%s' is missing",
+                        st_archive_name(a), name);
+        if (want_float ? !dtype_is_float(t->dtype) : t->dtype != want)
+                return ds_error(L->err, -DS_ERR_FORMAT, "%s: tensor '%s': dtype %s, expected %s",
+                        t->file, name, st_dtype_name(t->dtype),
+                        want_float ? "F32, F16 or BF16" : st_dtype_name(want));
+        if (t->n_dims != n_dims || t->shape[0] != d0 || (n_dims > 1 && t->shape[1] != d1))
+                return ds_error(L->err, -DS_ERR_FORMAT,
+                        "%s: tensor '%s': shape %s, but config.json implies %s", t->file, name,
+                        shape_str(t->shape, t->n_dims, got, sizeof(got)),
+                        shape_str(shape, n_dims, exp, sizeof(exp)));
+        *ret = t;
+        return 0;
+}
+
+/* The tensor's data, copied into an owned buffer only when the map leaves it misaligned
+ * for its element size (safetensors does not promise alignment). */
+static int tensor_data(Loader *L, const StTensor *t, const void **ret)
+{
+        void *copy;
+
+        if ((uintptr_t) t->data % st_dtype_size(t->dtype) == 0) {
+                *ret = t->data;
+                return 0;
+        }
+        copy = model_alloc(L->m, t->n_bytes);
+        if (!copy)
+                return -ENOMEM;
+        memcpy(copy, t->data, t->n_bytes);
+        *ret = copy;
+        return 0;
+}
+
+static int load_vector(Loader *L, const char *name, uint32_t n, BkTensor *ret)
+{
+        const StTensor *t;
+        int r;
+
+        r = get_tensor(L, name, true, 0, 1, n, 0, &t);
+        if (r < 0)
+                return r;
+        ret->dtype = bk_dtype(t->dtype);
+        return tensor_data(L, t, &ret->data);
+}
+
+/* Round-to-nearest INT4 of a dense [out][in] weight, into owned AWQ buffers. */
+static int quantize_linear(Loader *L, const char *name, BkLinear *lin)
+{
+        _cleanup_free_ float *w = NULL;
+        uint64_t n = (uint64_t) lin->in * lin->out;
+        uint32_t groups = lin->in / QUANT_GROUP;
+        uint32_t *qweight, *qzeros;
+        uint16_t *scales;
+        int r;
+
+        if (lin->in % QUANT_GROUP != 0 || lin->out % 8 != 0)
+                return ds_error(L->err, -DS_ERR_UNSUPPORTED,
+                        "%s: cannot quantize [%u, %u] to INT4: inputs must be a multiple of %u and outputs of 8",
+                        name, lin->out, lin->in, QUANT_GROUP);
+        w = malloc(n * sizeof(*w));
+        if (!w)
+                return -ENOMEM;
+        for (uint64_t i = 0; i < n; i++) {
+                switch (lin->w.dtype) {
+                case BK_DT_F32:
+                        w[i] = ((const float *) lin->w.data)[i];
+                        break;
+                case BK_DT_F16:
+                        w[i] = f16_to_f32(((const uint16_t *) lin->w.data)[i]);
+                        break;
+                default:
+                        w[i] = bf16_to_f32(((const uint16_t *) lin->w.data)[i]);
+                        break;
+                }
+        }
+        qweight = model_alloc(L->m, (size_t) lin->in * (lin->out / 8) * sizeof(*qweight));
+        qzeros = qweight ? model_alloc(L->m, (size_t) groups * (lin->out / 8) * sizeof(*qzeros)) : NULL;
+        scales = qzeros ? model_alloc(L->m, (size_t) groups * lin->out * sizeof(*scales)) : NULL;
+        if (!scales)
+                return -ENOMEM;
+        r = awq_quantize_rtn(w, lin->in, lin->out, QUANT_GROUP, qweight, qzeros, scales);
+        if (r < 0)
+                return ds_error(L->err, r, "%s: INT4 quantization failed", name);
+
+        lin->kind = BK_LINEAR_AWQ;
+        lin->w = (BkTensor) {};
+        lin->qweight = qweight;
+        lin->qzeros = qzeros;
+        lin->scales = scales;
+        lin->group_size = QUANT_GROUP;
+        return 0;
+}
+
+static bool not_converted(const ModelInfo *info, const char *prefix)
+{
+        for (uint32_t i = 0; i < info->n_not_convert; i++)
+                if (strstr(prefix, info->not_convert[i]))
+                        return true;
+        return false;
+}
+
+/* prefix is the module name ("model.layers.0.self_attn.q_proj"); in_block marks the
+ * decoder-block linears that AutoAWQ quantizes and quantize-at-load may. */
+static int load_linear(Loader *L, const char *prefix, uint32_t in, uint32_t out, bool bias,
+        bool in_block, BkLinear *ret)
+{
+        const ModelInfo *info = &L->m->info;
+        uint32_t gs = info->group_size;
+        char name[512];
+        const StTensor *t;
+        int r;
+
+        *ret = (BkLinear) { .in = in, .out = out };
+        if (in_block && gs && !not_converted(info, prefix)) {
+                const void *p;
+
+                if (in % gs != 0 || out % 8 != 0)
+                        return ds_error(L->err, -DS_ERR_FORMAT,
+                                "%s: '%s' has %u inputs and %u outputs, which AWQ group size %u cannot pack",
+                                st_archive_name(L->m->archive), prefix, in, out, gs);
+                ret->kind = BK_LINEAR_AWQ;
+                ret->group_size = gs;
+                snprintf(name, sizeof(name), "%s.qweight", prefix);
+                if ((r = get_tensor(L, name, false, ST_I32, 2, in, out / 8, &t)) < 0 ||
+                        (r = tensor_data(L, t, &p)) < 0)
+                        return r;
+                ret->qweight = p;
+                snprintf(name, sizeof(name), "%s.qzeros", prefix);
+                if ((r = get_tensor(L, name, false, ST_I32, 2, in / gs, out / 8, &t)) < 0 ||
+                        (r = tensor_data(L, t, &p)) < 0)
+                        return r;
+                ret->qzeros = p;
+                snprintf(name, sizeof(name), "%s.scales", prefix);
+                if ((r = get_tensor(L, name, false, ST_F16, 2, in / gs, out, &t)) < 0 ||
+                        (r = tensor_data(L, t, &p)) < 0)
+                        return r;
+                ret->scales = p;
+        } else {
+                snprintf(name, sizeof(name), "%s.weight", prefix);
+                /* A dense config over an AWQ file is the likeliest cause of this miss. */
+                if (!st_archive_find(L->m->archive, name)) {
+                        char qname[512];
+                        snprintf(qname, sizeof(qname), "%s.qweight", prefix);
+                        if (st_archive_find(L->m->archive, qname))
+                                return ds_error(L->err, -DS_ERR_FORMAT,
+                                        "%s: tensor '%s' is missing, but '%s' is present: config.json lacks its AWQ quantization_config",
+                                        st_archive_name(L->m->archive), name, qname);
+                }
+                r = get_tensor(L, name, true, 0, 2, out, in, &t);
+                if (r < 0)
+                        return r;
+                ret->kind = BK_LINEAR_DENSE;
+                ret->w.dtype = bk_dtype(t->dtype);
+                r = tensor_data(L, t, &ret->w.data);
+                if (r < 0)
+                        return r;
+                if (in_block && L->opt && L->opt->quantize_int4) {
+                        r = quantize_linear(L, name, ret);
+                        if (r < 0)
+                                return r;
+                }
+        }
+
+        if (bias) {
+                snprintf(name, sizeof(name), "%s.bias", prefix);
+                r = load_vector(L, name, out, &ret->bias);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
+{
+        const BkConfig *c = &L->m->bk.cfg;
+        const ModelInfo *info = &L->m->info;
+        uint32_t q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+        static const struct {
+                const char *name;
+                size_t off;
+        } attn[] = {
+                { "q_proj", offsetof(BkLayer, q) },
+                { "k_proj", offsetof(BkLayer, k) },
+                { "v_proj", offsetof(BkLayer, v) },
+        };
+        char name[256];
+        int r;
+
+        snprintf(name, sizeof(name), "model.layers.%u.input_layernorm.weight", l);
+        r = load_vector(L, name, c->hidden, &ret->attn_norm);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < ELEMENTSOF(attn); i++) {
+                snprintf(name, sizeof(name), "model.layers.%u.self_attn.%s", l, attn[i].name);
+                r = load_linear(L, name, c->hidden, i == 0 ? q_dim : kv_dim, info->qkv_bias, true,
+                        (BkLinear *) ((char *) ret + attn[i].off));
+                if (r < 0)
+                        return r;
+        }
+        snprintf(name, sizeof(name), "model.layers.%u.self_attn.o_proj", l);
+        r = load_linear(L, name, q_dim, c->hidden, info->o_bias, true, &ret->o);
+        if (r < 0)
+                return r;
+
+        snprintf(name, sizeof(name), "model.layers.%u.post_attention_layernorm.weight", l);
+        r = load_vector(L, name, c->hidden, &ret->mlp_norm);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.mlp.gate_proj", l);
+        r = load_linear(L, name, c->hidden, c->intermediate, info->mlp_bias, true, &ret->gate);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.mlp.up_proj", l);
+        r = load_linear(L, name, c->hidden, c->intermediate, info->mlp_bias, true, &ret->up);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.mlp.down_proj", l);
+        return load_linear(L, name, c->intermediate, c->hidden, info->mlp_bias, true, &ret->down);
+}
+
+/* What ModelInfo.quant says once the weights are known. */
+static void describe_quant(Model *m, const ModelOptions *opt)
+{
+        static const char *const names[_BK_DT_MAX] = {
+                [BK_DT_F32] = "f32", [BK_DT_F16] = "f16", [BK_DT_BF16] = "bf16",
+        };
+
+        if (m->info.group_size)
+                return; /* the config's "awq-int4 gN" stands */
+        if (opt && opt->quantize_int4)
+                snprintf(m->info.quant, sizeof(m->info.quant), "int4-at-load g%u", QUANT_GROUP);
+        else
+                snprintf(m->info.quant, sizeof(m->info.quant), "%s",
+                        names[m->bk.layers[0].q.w.dtype]);
+}
+
+int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *err)
+{
+        _cleanup_(model_freep) Model *m = NULL;
+        const StTensor *t;
+        BkConfig *c;
+        Loader L;
+        int r;
+
+        if (!dir || !ret)
+                return -EINVAL;
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        m->dir = strdup(dir);
+        if (!m->dir)
+                return -ENOMEM;
+        L = (Loader) { m, opt, err };
+        c = &m->bk.cfg;
+
+        r = model_config_load(dir, c, &m->info, err);
+        if (r < 0)
+                return r;
+        r = st_archive_open(dir, &m->archive, err);
+        if (r < 0)
+                return r;
+
+        r = get_tensor(&L, "model.embed_tokens.weight", true, 0, 2, c->vocab_size, c->hidden, &t);
+        if (r < 0)
+                return r;
+        m->bk.embed.dtype = bk_dtype(t->dtype);
+        r = tensor_data(&L, t, &m->bk.embed.data);
+        if (r < 0)
+                return r;
+
+        m->bk.layers = calloc(c->n_layers, sizeof(*m->bk.layers));
+        if (!m->bk.layers)
+                return -ENOMEM;
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                r = load_layer(&L, l, &m->bk.layers[l]);
+                if (r < 0)
+                        return r;
+                if (opt && opt->progress)
+                        opt->progress(opt->userdata, l + 1, c->n_layers);
+        }
+
+        r = load_vector(&L, "model.norm.weight", c->hidden, &m->bk.final_norm);
+        if (r < 0)
+                return r;
+        if (m->info.tie_embeddings)
+                m->bk.lm_head = (BkLinear) { .kind = BK_LINEAR_DENSE, .in = c->hidden,
+                        .out = c->vocab_size, .w = m->bk.embed };
+        else {
+                r = load_linear(&L, "lm_head", c->hidden, c->vocab_size, false, false,
+                        &m->bk.lm_head);
+                if (r < 0)
+                        return r;
+        }
+
+        describe_quant(m, opt);
+        *ret = TAKE_PTR(m);
+        return 0;
+}

@@ -450,6 +450,7 @@ const StTensor *st_file_tensors(const StFile *f, size_t *ret_n)
 // --- A checkpoint directory: one file, or shards by index
 
 struct StArchive {
+        char *name; /* the index file, or the single file: what messages about it name */
         StFile **files;
         size_t n_files;
         const StTensor **index; /* every tensor of every file, sorted by name */
@@ -464,6 +465,7 @@ StArchive *st_archive_free(StArchive *a)
                 st_file_free(a->files[i]);
         free(a->files);
         free(a->index);
+        free(a->name);
         free(a);
         return NULL;
 }
@@ -650,9 +652,11 @@ int st_archive_open(const char *dir, StArchive **ret, DsError *err)
         }
 
         if (access(index_path, F_OK) == 0) {
-                r = archive_open_sharded(a, dir, index_path, err);
+                a->name = TAKE_PTR(index_path);
+                r = archive_open_sharded(a, dir, a->name, err);
         } else {
-                r = archive_add_file(a, single, err);
+                a->name = TAKE_PTR(single);
+                r = archive_add_file(a, a->name, err);
                 if (r >= 0)
                         r = archive_build_index(a, err);
         }
@@ -687,6 +691,11 @@ const StTensor *st_archive_tensor(const StArchive *a, size_t i)
 size_t st_archive_size(const StArchive *a)
 {
         return a->n;
+}
+
+const char *st_archive_name(const StArchive *a)
+{
+        return a->name;
 }
 
 size_t st_archive_n_files(const StArchive *a)

@@ -59,6 +59,8 @@ const StTensor *st_archive_find(const StArchive *a, const char *name);
 /* All tensors, for inspection; stable order (by name). */
 const StTensor *st_archive_tensor(const StArchive *a, size_t i);
 size_t st_archive_size(const StArchive *a);
+/* DIR/model.safetensors.index.json or DIR/model.safetensors, for messages. */
+const char *st_archive_name(const StArchive *a);
 /* How many safetensors files the archive maps (1, or the number of shards). */
 size_t st_archive_n_files(const StArchive *a);
 
