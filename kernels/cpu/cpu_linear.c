@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+#include <assert.h>
+
+#include "cpu_linear.h"
+#include "half.h"
+
+/* Output columns an AWQ pass works on at once: their accumulators, for every row of a
+ * tile, stay in L1 while the pass walks down all the inputs. A multiple of 8. */
+#define AWQ_COLS 128
+
+/* Logical column j of a packed AWQ word is nibble AWQ_NIBBLE[j] (docs/formats.md). */
+static const unsigned AWQ_NIBBLE[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
+
+float cpu_tensor_get(BkTensor t, size_t i)
+{
+        switch (t.dtype) {
+        case BK_DT_F32:
+                return ((const float *) t.data)[i];
+        case BK_DT_F16:
+                return f16_to_f32(((const uint16_t *) t.data)[i]);
+        case BK_DT_BF16:
+                return bf16_to_f32(((const uint16_t *) t.data)[i]);
+        default:
+                assert(!"bad dtype");
+                return 0.0f;
+        }
+}
+
+int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what,
+        DsError *err)
+{
+        if (l->in != in || l->out != out)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: shape %u→%u, expected %u→%u", what,
+                        l->in, l->out, in, out);
+        if (l->bias.data && (unsigned) l->bias.dtype >= _BK_DT_MAX)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: bad bias dtype", what);
+
+        switch (l->kind) {
+        case BK_LINEAR_DENSE:
+                if (!l->w.data || (unsigned) l->w.dtype >= _BK_DT_MAX)
+                        return ds_error(err, -DS_ERR_FORMAT, "%s: no dense weight", what);
+                return 0;
+        case BK_LINEAR_AWQ:
+                if (!l->qweight || !l->qzeros || !l->scales)
+                        return ds_error(err, -DS_ERR_FORMAT, "%s: AWQ tensors missing", what);
+                if (l->group_size == 0 || in % l->group_size != 0 || out % 8 != 0)
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: AWQ needs in %% group_size == 0 and out %% 8 == 0 "
+                                "(in %u, out %u, group %u)", what, in, out, l->group_size);
+                return 0;
+        default:
+                return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: unknown linear kind %d", what,
+                        (int) l->kind);
+        }
+}
+
+size_t cpu_linear_scratch_size(const BkLinear *l)
+{
+        return l->kind == BK_LINEAR_AWQ ? 3 * AWQ_COLS : l->in;
+}
+
+/* Sum of a[i] * b[i] in eight interleaved lanes added up in a fixed order: vectorizable,
+ * and the same bits for the same inputs every time. */
+static float dot(const float *a, const float *b, uint32_t n)
+{
+        float lane[8] = { 0 };
+        uint32_t i = 0;
+
+        for (; i + 8 <= n; i += 8)
+                for (uint32_t j = 0; j < 8; j++)
+                        lane[j] += a[i + j] * b[i + j];
+        for (; i < n; i++)
+                lane[i % 8] += a[i] * b[i];
+        return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+/* w: [out][in]. Each weight row is widened once (wrow: (in)) and used by every row of x. */
+static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float *y,
+        float *wrow)
+{
+        for (uint32_t o = 0; o < l->out; o++) {
+                const float *w = wrow;
+                if (l->w.dtype == BK_DT_F32)
+                        w = (const float *) l->w.data + (size_t) o * l->in;
+                else
+                        for (uint32_t i = 0; i < l->in; i++)
+                                wrow[i] = cpu_tensor_get(l->w, (size_t) o * l->in + i);
+                for (uint32_t r = 0; r < rows; r++)
+                        y[(size_t) r * l->out + o] = dot(x + (size_t) r * l->in, w, l->in);
+        }
+}
+
+/* W[k][n] = (q[k][n] - z[k/gs][n]) * s[k/gs][n], dequantized one input row of one column
+ * block at a time and accumulated into y in ascending k: y[r][n] += x[r][k] * W[k][n].
+ * scratch: (3, AWQ_COLS) zeros, scales and the dequantized row. */
+static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *y,
+        float *scratch)
+{
+        const uint32_t words = l->out / 8; /* packed words per row of qweight / qzeros */
+        float *zero = scratch, *scale = scratch + AWQ_COLS, *w = scratch + 2 * AWQ_COLS;
+
+        for (uint32_t n0 = 0; n0 < l->out; n0 += AWQ_COLS) {
+                uint32_t nb = MIN(AWQ_COLS, l->out - n0);
+
+                for (uint32_t r = 0; r < rows; r++)
+                        for (uint32_t n = 0; n < nb; n++)
+                                y[(size_t) r * l->out + n0 + n] = 0.0f;
+
+                for (uint32_t g = 0; g < l->in / l->group_size; g++) {
+                        /* This group's zero points and scales for the block's columns. */
+                        const uint32_t *qz = l->qzeros + (size_t) g * words + n0 / 8;
+                        const uint16_t *sc = l->scales + (size_t) g * l->out + n0;
+                        for (uint32_t n = 0; n < nb; n++) {
+                                zero[n] = (float) ((qz[n / 8] >> (4 * AWQ_NIBBLE[n % 8])) & 0xF);
+                                scale[n] = f16_to_f32(sc[n]);
+                        }
+
+                        for (uint32_t k = g * l->group_size; k < (g + 1) * l->group_size; k++) {
+                                const uint32_t *qw = l->qweight + (size_t) k * words + n0 / 8;
+                                for (uint32_t c = 0; c < nb / 8; c++)
+                                        for (uint32_t j = 0; j < 8; j++) {
+                                                unsigned q = (qw[c] >> (4 * AWQ_NIBBLE[j])) & 0xF;
+                                                w[8 * c + j] = ((float) q - zero[8 * c + j]) *
+                                                        scale[8 * c + j];
+                                        }
+                                for (uint32_t r = 0; r < rows; r++) {
+                                        float xk = x[(size_t) r * l->in + k];
+                                        float *yr = y + (size_t) r * l->out + n0;
+                                        for (uint32_t n = 0; n < nb; n++)
+                                                yr[n] += xk * w[n];
+                                }
+                        }
+                }
+        }
+}
+
+void cpu_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch)
+{
+        if (l->kind == BK_LINEAR_AWQ)
+                linear_awq(l, x, rows, y, scratch);
+        else
+                linear_dense(l, x, rows, y, scratch);
+
+        if (l->bias.data)
+                for (uint32_t o = 0; o < l->out; o++) {
+                        float b = cpu_tensor_get(l->bias, o);
+                        for (uint32_t r = 0; r < rows; r++)
+                                y[(size_t) r * l->out + o] += b;
+                }
+}
