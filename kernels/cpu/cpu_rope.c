@@ -47,10 +47,8 @@ static double yarn_correction_dim(double rotations, uint32_t d, double base, dou
  * between. */
 static void rope_yarn(const BkRope *r, uint32_t d, float *inv_freq)
 {
-        double beta_fast = r->beta_fast > 0.0f ? r->beta_fast : 32.0;
-        double beta_slow = r->beta_slow > 0.0f ? r->beta_slow : 1.0;
-        double low = floor(yarn_correction_dim(beta_fast, d, r->theta, r->original_max_pos));
-        double high = ceil(yarn_correction_dim(beta_slow, d, r->theta, r->original_max_pos));
+        double low = floor(yarn_correction_dim(r->beta_fast, d, r->theta, r->original_max_pos));
+        double high = ceil(yarn_correction_dim(r->beta_slow, d, r->theta, r->original_max_pos));
 
         low = MAX(low, 0.0);
         high = MIN(high, (double) d - 1);
@@ -89,13 +87,12 @@ int cpu_rope_init(const BkRope *rope, uint32_t head_dim, float *inv_freq,
                 *ret_attention_factor = 1.0f;
                 return 0;
         case BK_ROPE_YARN:
-                if (!(rope->factor > 0.0f) || rope->original_max_pos == 0)
+                /* The loader resolves attention_factor, its defaults included. */
+                if (!(rope->factor > 0.0f) || rope->original_max_pos == 0 ||
+                        !(rope->attention_factor > 0.0f))
                         return ds_error(err, -EINVAL, "yarn rope scaling: bad parameters");
                 rope_yarn(rope, head_dim, inv_freq);
-                /* transformers' default when the config gives none: get_mscale(factor). */
-                *ret_attention_factor = rope->attention_factor > 0.0f ? rope->attention_factor
-                        : rope->factor <= 1.0f ? 1.0f
-                        : (float) (0.1 * log(rope->factor) + 1.0);
+                *ret_attention_factor = rope->attention_factor;
                 return 0;
         default:
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "rope type %d", (int) rope->type);
