@@ -234,8 +234,10 @@ static int entry_write(int fd, const StEntry *e, uint8_t **chunk, DsError *err)
         for (uint64_t off = 0; off < e->n_bytes; off += ST_WRITER_CHUNK) {
                 size_t n = (size_t) MIN((uint64_t) ST_WRITER_CHUNK, e->n_bytes - off);
                 int r = e->fill(e->userdata, off, *chunk, n, err);
-                if (r < 0)
-                        return ds_error_prefix(err, "tensor %s", e->name);
+                if (r < 0) {
+                        ds_error_prefix(err, "tensor %s", e->name);
+                        return r;
+                }
                 r = write_all(fd, *chunk, n);
                 if (r < 0)
                         return ds_error(err, r, "writing tensor %s: %s", e->name, strerror(-r));
@@ -301,8 +303,10 @@ int st_writer_write(StWriter *w, const char *path, DsError *err)
 
         for (size_t i = 0; i < w->n; i++) {
                 r = entry_write(fd, &w->entries[i], &chunk, err);
-                if (r < 0)
-                        return ds_error_prefix(err, "%s", path);
+                if (r < 0) {
+                        ds_error_prefix(err, "%s", path);
+                        return r;
+                }
         }
 
         /* Durable before it becomes visible: a crash leaves the old file or the new
