@@ -219,7 +219,13 @@ static int check_metadata(const char *file, const cJSON *m, DsError *err)
 typedef struct Span {
         uint64_t begin, end;
         size_t tensor;
+        const char *name;
 } Span;
+
+static int span_name_cmp(const void *a, const void *b)
+{
+        return strcmp(((const Span *) a)->name, ((const Span *) b)->name);
+}
 
 static int span_cmp(const void *a, const void *b)
 {
@@ -353,22 +359,24 @@ int st_parse(const char *name, const uint8_t *buf, size_t size, StTensor **ret_t
                 }
                 t->file = name;
                 spans[n].tensor = n;
+                spans[n].name = t->name;
                 n++;
         }
 
+        /* A name listed twice is checked first: it is the cause of the overlap it makes. */
+        qsort(spans, n, sizeof(*spans), span_name_cmp);
+        for (size_t i = 1; i < n; i++)
+                if (!strcmp(spans[i - 1].name, spans[i].name)) {
+                        r = ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s' is listed twice", name,
+                                spans[i].name);
+                        goto fail;
+                }
         r = check_layout(name, tensors, spans, n, data_len, err);
         if (r < 0)
                 goto fail;
         for (size_t i = 0; i < n; i++)
                 tensors[spans[i].tensor].data = buf + 8 + hlen + spans[i].begin;
-
         qsort(tensors, n, sizeof(*tensors), tensor_name_cmp);
-        for (size_t i = 1; i < n; i++)
-                if (!strcmp(tensors[i - 1].name, tensors[i].name)) {
-                        r = ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s' is listed twice", name,
-                                tensors[i].name);
-                        goto fail;
-                }
 
         *ret_tensors = tensors;
         *ret_n = n;
