@@ -24,6 +24,20 @@ typedef enum ChatFamily {
  * refused with -DS_ERR_UNSUPPORTED and a message naming them. */
 int tokenizer_load(const char *path, Tokenizer **ret, DsError *err);
 
+/* The same from a tokenizer.json already in memory (len bytes, no NUL needed); name is
+ * what error messages call it. */
+int tokenizer_load_from_memory(const char *json, size_t len, const char *name, Tokenizer **ret,
+        DsError *err);
+
+/* Converts a llama2.c tokenizer.bin (int32 max_token_length, then per token float32 score,
+ * int32 length, bytes) of vocab_size tokens into a Llama-2-style tokenizer.json: pieces
+ * with ' ' written as U+2581, <unk>/<s>/</s> as special added tokens, byte fallback, and
+ * merges derived the way Hugging Face's SentencePiece converter does (every split of a
+ * piece into two pieces, ranked by the merged piece's score, highest first). Encoding
+ * with the result equals llama2.c run.c's encode(). *ret_json is malloc'ed. */
+int tokenizer_json_from_llama2c(const char *tok_bin_path, uint32_t vocab_size, char **ret_json,
+        DsError *err);
+
 /* Reads tokenizer_config.json: bos/eos tokens, add_bos_token and the chat template
  * family, recognised from the template text. A missing file is not an error. When the
  * template is of no known family, *ret_unknown_template is set so the caller can warn. */
@@ -48,7 +62,11 @@ uint32_t tokenizer_n_vocab(const Tokenizer *t);           /* highest id + 1 */
 int32_t tokenizer_token_id(const Tokenizer *t, const char *token); /* -1 when absent */
 int32_t tokenizer_bos(const Tokenizer *t);                /* -1 when none */
 int32_t tokenizer_eos(const Tokenizer *t);                /* -1 when none */
+/* From tokenizer_config.json; without one, true exactly for SentencePiece-style files
+ * that have a "<s>" token (Llama's habit), false for byte-level BPE. */
 bool tokenizer_add_bos(const Tokenizer *t);
+/* Whether id is an added token marked special (what skip_special_tokens would drop). */
+bool tokenizer_is_special(const Tokenizer *t, int32_t id);
 ChatFamily tokenizer_chat_family(const Tokenizer *t);
 
 /* Incremental decoding for streaming: push ids one at a time and get back only complete
