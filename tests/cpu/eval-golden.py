@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""dsquant eval against transformers: runs `dsquant eval --ids` over a fixture's golden
+input ids and checks the logits file against golden_logits.f32 (rel err < 1e-4).
+Standard library only. Usage: eval-golden.py FIXTURE_DIR..."""
+import array
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+TOLERANCE = 1e-4
+
+
+def read_f32(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a
+
+
+def check(dsquant, fixture, tmp):
+    golden = json.load(open(os.path.join(fixture, "golden.json")))
+    ids_path = os.path.join(tmp, "ids.json")
+    out_path = os.path.join(tmp, "logits.f32")
+    json.dump(golden["input_ids"], open(ids_path, "w"))
+    subprocess.run([dsquant, "eval", "--model", fixture, "--ids", ids_path,
+                    "--logits-out", out_path, "--backend", "cpu"], check=True)
+    out = read_f32(out_path)
+    ref = read_f32(os.path.join(fixture, golden["logits_file"]))
+    rows, vocab = golden["logits_shape"]
+    if len(out) != rows * vocab or len(ref) != rows * vocab:
+        print(f"{fixture}: {len(out)} logits, expected {rows * vocab}")
+        return False
+    diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
+    err = diff / math.sqrt(sum(b * b for b in ref))
+    print(f"{fixture}: dsquant eval rel err {err:.3g}")
+    return err < TOLERANCE
+
+
+def main():
+    dsquant = os.environ["DSQUANT"]
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for fixture in sys.argv[1:]:
+            ok &= check(dsquant, fixture, tmp)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
