@@ -110,9 +110,11 @@ static int field_float(const Field *f, const char *key, bool required, double de
         if (!cJSON_IsNumber(v))
                 return field_error(f, -DS_ERR_FORMAT, key, v, want);
         d = v->valuedouble;
-        if (!isfinite(d) || d < lo || (!inclusive && d == lo) || !isfinite((float) d))
+        /* Checked after narrowing: 1e-60 is positive as a double but 0 as a float. */
+        float x = (float) d;
+        if (!isfinite(d) || !isfinite(x) || x < lo || (!inclusive && x <= lo))
                 return field_error(f, -DS_ERR_FORMAT, key, v, want);
-        *ret = (float) d;
+        *ret = x;
         return 0;
 }
 
@@ -449,6 +451,26 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
 
 // --- Entry points
 
+/* Parses a whole JSON document: a NUL byte or anything but whitespace after the value is
+ * an error, as in Python's json.loads. */
+static int config_json_parse(const char *name, const char *json, size_t len, cJSON **ret,
+        DsError *err)
+{
+        _cleanup_free_ char *text = malloc(len + 1);
+
+        if (!text)
+                return -ENOMEM;
+        if (len > 0)
+                memcpy(text, json, len);
+        text[len] = 0;
+        if (strlen(text) != len)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: holds a NUL byte", name);
+        *ret = cJSON_ParseWithOpts(text, NULL, true);
+        if (!*ret)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: not valid JSON", name);
+        return 0;
+}
+
 int model_config_parse(const char *name, const char *json, size_t len, BkConfig *ret_cfg,
         ModelInfo *ret_info, DsError *err)
 {
@@ -463,9 +485,9 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
 
         if (!name || (!json && len > 0) || !ret_cfg || !ret_info)
                 return -EINVAL;
-        root = cJSON_ParseWithLength(json, len);
-        if (!root)
-                return ds_error(err, -DS_ERR_FORMAT, "%s: not valid JSON", name);
+        r = config_json_parse(name, json, len, &root, err);
+        if (r < 0)
+                return r;
         if (!cJSON_IsObject(root))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", name);
         f = (Field) { name, "", root, err };
@@ -546,7 +568,9 @@ int model_config_load(const char *dir, BkConfig *ret_cfg, ModelInfo *ret_info, D
                         r = st_read_text(qpath, CONFIG_FILE_MAX, &qtext, &len, err);
                         if (r < 0)
                                 return r;
-                        qroot = cJSON_ParseWithLength(qtext, len);
+                        r = config_json_parse(qpath, qtext, len, &qroot, err);
+                        if (r < 0)
+                                return r;
                         if (!cJSON_IsObject(qroot))
                                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object",
                                         qpath);

@@ -127,8 +127,24 @@ static int load_vector(Loader *L, const char *name, uint32_t n, BkTensor *ret)
         return tensor_data(L, t, &ret->data);
 }
 
-/* Round-to-nearest INT4 of a dense [out][in] weight, into owned AWQ buffers. */
-static int quantize_linear(Loader *L, const char *name, BkLinear *lin)
+/* Element i of a float tensor as float32; memcpy because mapped data may be misaligned. */
+static float tensor_float(const StTensor *t, uint64_t i)
+{
+        const uint8_t *p = t->data;
+        uint16_t h;
+        float f;
+
+        if (t->dtype == ST_F32) {
+                memcpy(&f, p + 4 * i, 4);
+                return f;
+        }
+        memcpy(&h, p + 2 * i, 2);
+        return t->dtype == ST_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* Round-to-nearest INT4 of the dense [out][in] weight t, into owned AWQ buffers. The
+ * mapped weight is read in place, so a misaligned one costs no aligned copy. */
+static int quantize_linear(Loader *L, const StTensor *t, BkLinear *lin)
 {
         _cleanup_free_ float *w = NULL;
         uint64_t n = (uint64_t) lin->in * lin->out;
@@ -139,24 +155,13 @@ static int quantize_linear(Loader *L, const char *name, BkLinear *lin)
 
         if (lin->in % QUANT_GROUP != 0 || lin->out % 8 != 0)
                 return ds_error(L->err, -DS_ERR_UNSUPPORTED,
-                        "%s: cannot quantize [%u, %u] to INT4: inputs must be a multiple of %u and outputs of 8",
-                        name, lin->out, lin->in, QUANT_GROUP);
+                        "%s: tensor '%s': cannot quantize [%u, %u] to INT4: inputs must be a multiple of %u and outputs of 8",
+                        t->file, t->name, lin->out, lin->in, QUANT_GROUP);
         w = malloc(n * sizeof(*w));
         if (!w)
                 return -ENOMEM;
-        for (uint64_t i = 0; i < n; i++) {
-                switch (lin->w.dtype) {
-                case BK_DT_F32:
-                        w[i] = ((const float *) lin->w.data)[i];
-                        break;
-                case BK_DT_F16:
-                        w[i] = f16_to_f32(((const uint16_t *) lin->w.data)[i]);
-                        break;
-                default:
-                        w[i] = bf16_to_f32(((const uint16_t *) lin->w.data)[i]);
-                        break;
-                }
-        }
+        for (uint64_t i = 0; i < n; i++)
+                w[i] = tensor_float(t, i);
         qweight = model_alloc(L->m, (size_t) lin->in * (lin->out / 8) * sizeof(*qweight));
         qzeros = qweight ? model_alloc(L->m, (size_t) groups * (lin->out / 8) * sizeof(*qzeros)) : NULL;
         scales = qzeros ? model_alloc(L->m, (size_t) groups * lin->out * sizeof(*scales)) : NULL;
@@ -164,10 +169,10 @@ static int quantize_linear(Loader *L, const char *name, BkLinear *lin)
                 return -ENOMEM;
         r = awq_quantize_rtn(w, lin->in, lin->out, QUANT_GROUP, qweight, qzeros, scales);
         if (r < 0)
-                return ds_error(L->err, r, "%s: INT4 quantization failed", name);
+                return ds_error(L->err, r, "%s: tensor '%s': INT4 quantization failed", t->file,
+                        t->name);
 
         lin->kind = BK_LINEAR_AWQ;
-        lin->w = (BkTensor) {};
         lin->qweight = qweight;
         lin->qzeros = qzeros;
         lin->scales = scales;
@@ -233,16 +238,15 @@ static int load_linear(Loader *L, const char *prefix, uint32_t in, uint32_t out,
                 r = get_tensor(L, name, true, 0, 2, out, in, &t);
                 if (r < 0)
                         return r;
-                ret->kind = BK_LINEAR_DENSE;
-                ret->w.dtype = bk_dtype(t->dtype);
-                r = tensor_data(L, t, &ret->w.data);
+                if (in_block && L->opt && L->opt->quantize_int4)
+                        r = quantize_linear(L, t, ret);
+                else {
+                        ret->kind = BK_LINEAR_DENSE;
+                        ret->w.dtype = bk_dtype(t->dtype);
+                        r = tensor_data(L, t, &ret->w.data);
+                }
                 if (r < 0)
                         return r;
-                if (in_block && L->opt && L->opt->quantize_int4) {
-                        r = quantize_linear(L, name, ret);
-                        if (r < 0)
-                                return r;
-                }
         }
 
         if (bias) {

@@ -574,7 +574,8 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
         r = st_read_text(index_path, 64u << 20, &text, &len, err);
         if (r < 0)
                 return r;
-        root = cJSON_ParseWithLength(text, len);
+        if (strlen(text) == len)
+                root = cJSON_ParseWithOpts(text, NULL, true);
         if (!cJSON_IsObject(root))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", index_path);
         map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
