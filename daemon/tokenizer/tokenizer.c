@@ -457,7 +457,7 @@ static int add_split(Tokenizer *t, const char *pattern, bool literal, const char
         PCRE2_SIZE erroff;
 
         pcre2_code *re = pcre2_compile((PCRE2_SPTR) pattern, PCRE2_ZERO_TERMINATED,
-                PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &errcode, &erroff, NULL);
+                PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C | (literal ? PCRE2_LITERAL : 0), &errcode, &erroff, NULL);
         if (!re) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(errcode, msg, sizeof(msg));
@@ -742,6 +742,10 @@ int tokenizer_load_from_memory(const char *json, size_t len, const char *name, T
 
         if (!json || !name || !ret)
                 return ds_error(err, -EINVAL, "tokenizer: invalid arguments");
+        /* cJSON passes bytes through unchecked; the encoder relies on every string it
+         * takes from the file (pieces, normalizer text) being UTF-8. */
+        if (!utf8_valid(json, len))
+                return ds_error(err, -DS_ERR_FORMAT, "%s: not valid UTF-8", name);
         const char *end = NULL;
         cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
         if (!root)
