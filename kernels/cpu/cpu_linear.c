@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <assert.h>
+#include <string.h>
 
 #include "cpu_linear.h"
 #include "half.h"
@@ -81,14 +82,52 @@ static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float
 {
         for (uint32_t o = 0; o < l->out; o++) {
                 const float *w = wrow;
-                if (l->w.dtype == BK_DT_F32)
+                const uint16_t *h = (const uint16_t *) l->w.data + (size_t) o * l->in;
+                switch (l->w.dtype) {
+                case BK_DT_F32:
                         w = (const float *) l->w.data + (size_t) o * l->in;
-                else
+                        break;
+                case BK_DT_F16:
                         for (uint32_t i = 0; i < l->in; i++)
-                                wrow[i] = cpu_tensor_get(l->w, (size_t) o * l->in + i);
+                                wrow[i] = f16_to_f32(h[i]);
+                        break;
+                default:
+                        for (uint32_t i = 0; i < l->in; i++)
+                                wrow[i] = bf16_to_f32(h[i]);
+                        break;
+                }
                 for (uint32_t r = 0; r < rows; r++)
                         y[(size_t) r * l->out + o] = dot(x + (size_t) r * l->in, w, l->in);
         }
+}
+
+/* w[n] = (q[n] - zero[n]) * scale[n] for the nb columns of one packed input row. */
+static void awq_dequant_row(const uint32_t *restrict qw, const float *restrict zero,
+        const float *restrict scale, float *restrict w, uint32_t nb)
+{
+        for (uint32_t c = 0; c < nb / 8; c++) {
+                uint32_t word = qw[c];
+                float q[8];
+                /* AWQ_NIBBLE[j] spelled out, so that the shifts are constants. */
+                q[0] = (float) (word & 0xF);
+                q[1] = (float) ((word >> 16) & 0xF);
+                q[2] = (float) ((word >> 4) & 0xF);
+                q[3] = (float) ((word >> 20) & 0xF);
+                q[4] = (float) ((word >> 8) & 0xF);
+                q[5] = (float) ((word >> 24) & 0xF);
+                q[6] = (float) ((word >> 12) & 0xF);
+                q[7] = (float) (word >> 28);
+                for (uint32_t j = 0; j < 8; j++)
+                        w[8 * c + j] = (q[j] - zero[8 * c + j]) * scale[8 * c + j];
+        }
+}
+
+/* y[n] += a * x[n] for n a multiple of 8, in blocks of 8 that compilers vectorize. */
+static void axpy8(float *restrict y, float a, const float *restrict x, uint32_t n)
+{
+        for (uint32_t i = 0; i < n; i += 8)
+                for (uint32_t j = 0; j < 8; j++)
+                        y[i + j] += a * x[i + j];
 }
 
 /* W[k][n] = (q[k][n] - z[k/gs][n]) * s[k/gs][n], dequantized one input row of one column
@@ -104,8 +143,7 @@ static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *
                 uint32_t nb = MIN(AWQ_COLS, l->out - n0);
 
                 for (uint32_t r = 0; r < rows; r++)
-                        for (uint32_t n = 0; n < nb; n++)
-                                y[(size_t) r * l->out + n0 + n] = 0.0f;
+                        memset(y + (size_t) r * l->out + n0, 0, nb * sizeof(float));
 
                 for (uint32_t g = 0; g < l->in / l->group_size; g++) {
                         /* This group's zero points and scales for the block's columns. */
@@ -117,19 +155,11 @@ static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *
                         }
 
                         for (uint32_t k = g * l->group_size; k < (g + 1) * l->group_size; k++) {
-                                const uint32_t *qw = l->qweight + (size_t) k * words + n0 / 8;
-                                for (uint32_t c = 0; c < nb / 8; c++)
-                                        for (uint32_t j = 0; j < 8; j++) {
-                                                unsigned q = (qw[c] >> (4 * AWQ_NIBBLE[j])) & 0xF;
-                                                w[8 * c + j] = ((float) q - zero[8 * c + j]) *
-                                                        scale[8 * c + j];
-                                        }
-                                for (uint32_t r = 0; r < rows; r++) {
-                                        float xk = x[(size_t) r * l->in + k];
-                                        float *yr = y + (size_t) r * l->out + n0;
-                                        for (uint32_t n = 0; n < nb; n++)
-                                                yr[n] += xk * w[n];
-                                }
+                                awq_dequant_row(l->qweight + (size_t) k * words + n0 / 8, zero,
+                                        scale, w, nb);
+                                for (uint32_t r = 0; r < rows; r++)
+                                        axpy8(y + (size_t) r * l->out + n0,
+                                                x[(size_t) r * l->in + k], w, nb);
                         }
                 }
         }
