@@ -85,7 +85,9 @@ static void write_safetensors(const char *path)
         free(h);
 }
 
-static void write_config(const char *src_dir, const char *dst)
+/* The source config.json without its quantization_config, or (skip set) with
+ * modules_to_not_convert = [skip]. */
+static void write_config(const char *src_dir, const char *dst, const char *skip)
 {
         char path[4096];
         FILE *f;
@@ -104,7 +106,14 @@ static void write_config(const char *src_dir, const char *dst)
 
         cJSON *root = cJSON_Parse(text);
         CHECK(root, "parse %s", path);
-        cJSON_DeleteItemFromObject(root, "quantization_config");
+        if (skip) {
+                cJSON *q = cJSON_GetObjectItem(root, "quantization_config");
+                const char *names[] = { skip };
+                CHECK(q, "no quantization_config in %s", path);
+                cJSON_ReplaceItemInObject(q, "modules_to_not_convert",
+                        cJSON_CreateStringArray(names, 1));
+        } else
+                cJSON_DeleteItemFromObject(root, "quantization_config");
         char *out = cJSON_Print(root);
         f = fopen(dst, "wb");
         CHECK(out && f && fputs(out, f) >= 0 && fclose(f) == 0, "write %s", dst);
@@ -176,7 +185,7 @@ int main(void)
         snprintf(path, sizeof(path), "%s/model.safetensors", dir);
         write_safetensors(path);
         snprintf(path, sizeof(path), "%s/config.json", dir);
-        write_config(src, path);
+        write_config(src, path, NULL);
 
         /* Dense load first: every tensor sits at an odd address in the map, so each must
          * come back as an aligned copy with the same bytes. */
@@ -230,6 +239,57 @@ int main(void)
                                 }
                         printf("layer %u %-16s worst error %.3f steps\n", l, lin_names[i], worst);
                 }
+        }
+
+        /* A mixed checkpoint: AWQ everywhere but the down projections, which
+         * modules_to_not_convert keeps dense. Loaded as is, down stays dense; with
+         * quantize_int4 it is quantized like any dense decoder linear. */
+        size_t n_dense = n_entries;
+        for (size_t i = 0; i < n_dense; i++) {
+                Entry *d = &entries[i];
+                char prefix[128];
+                if (!strstr(d->name, "_proj.weight") || strstr(d->name, "down_proj"))
+                        continue;
+                snprintf(prefix, sizeof(prefix), "%.*s", (int) (strlen(d->name) - 7), d->name);
+                static const char *const parts[] = { "qweight", "qzeros", "scales" };
+                for (size_t k = 0; k < ELEMENTSOF(parts); k++) {
+                        char name[160];
+                        snprintf(name, sizeof(name), "%s.%s", prefix, parts[k]);
+                        add_vector(ref->archive, name);
+                }
+                d->n_bytes = 0; /* drops the dense copy from the file below */
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < n_entries; i++)
+                if (entries[i].n_bytes || !strstr(entries[i].name, "_proj.weight"))
+                        entries[k++] = entries[i];
+                else
+                        free(entries[i].owned);
+        n_entries = k;
+        snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+        write_safetensors(path);
+        snprintf(path, sizeof(path), "%s/config.json", dir);
+        write_config(src, path, "mlp.down_proj");
+        {
+                _cleanup_(model_freep) Model *x = NULL, *y = NULL;
+                r = model_load(dir, NULL, &x, &err);
+                CHECK(r == 0, "mixed load: %s", err.msg);
+                CHECK(!strcmp(x->info.quant, "awq-int4 g128"), "quant '%s'", x->info.quant);
+                for (uint32_t l = 0; l < x->bk.cfg.n_layers; l++) {
+                        const BkLayer *L = &x->bk.layers[l];
+                        CHECK(L->q.kind == BK_LINEAR_AWQ && L->up.kind == BK_LINEAR_AWQ,
+                                "layer %u: AWQ linears", l);
+                        CHECK(L->down.kind == BK_LINEAR_DENSE && L->down.w.dtype == BK_DT_F16,
+                                "layer %u: down_proj must stay dense", l);
+                        CHECK(!memcmp(L->q.qweight, ref->bk.layers[l].q.qweight, 512 * 64 * 4),
+                                "layer %u: q_proj differs", l);
+                }
+                ModelOptions q = { .quantize_int4 = true };
+                r = model_load(dir, &q, &y, &err);
+                CHECK(r == 0, "mixed quantized load: %s", err.msg);
+                CHECK(y->bk.layers[0].down.kind == BK_LINEAR_AWQ &&
+                                y->bk.layers[0].down.group_size == 128,
+                        "down_proj not quantized at load");
         }
 
         for (size_t i = 0; i < n_entries; i++)
