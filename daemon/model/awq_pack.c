@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
 #include <math.h>
 #include <string.h>
 
 #include "awq_pack.h"
-#include "error.h"
 #include "half.h"
 
 float awq_weight(const uint32_t *qweight, const uint32_t *qzeros, const uint16_t *scales,

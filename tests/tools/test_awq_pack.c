@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* awq_quantize_rtn against an independent reading of the AutoAWQ GEMM layout
- * (shared/docs/formats.md): word c, nibble at bits 4i..4i+3 holds column 8c + ORDER[i]. */
+ * (shared/docs/formats.md): word c, nibble at bits 4i..4i+3 holds column 8c + ORDER[i];
+ * and against the PyTorch-quantized fixture shared/fixtures/tiny-qwen2-awq. */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -10,6 +11,7 @@
 
 #include "awq_pack.h"
 #include "half.h"
+#include "safetensors.h"
 #include "test_util.h"
 
 static const unsigned ORDER[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
@@ -141,6 +143,100 @@ static void check_errors(void)
         CHECK(awq_quantize_rtn(NULL, 16, 16, 16, qw, qz, sc) == -EINVAL, "NULL w accepted");
 }
 
+static const StTensor *find(const StTensor *t, size_t n, const char *name)
+{
+        for (size_t i = 0; i < n; i++)
+                if (!strcmp(t[i].name, name))
+                        return &t[i];
+        return NULL;
+}
+
+/* The fixture's layers were quantized by mkfix.py in PyTorch. Dequantizing one and
+ * quantizing the result again must give back the same q, zero and scale in every group
+ * whose q spans 0..15 (then min and max, hence scale and zero, are recovered exactly);
+ * in the other groups the range legitimately shrinks. */
+static void check_fixture_requantizes(void)
+{
+        const char *path = test_shared("fixtures/tiny-qwen2-awq/model.safetensors");
+        StFile *f = NULL;
+        DsError err = { 0 };
+        size_t n, n_linears = 0, spanning = 0, groups = 0;
+
+        CHECK(st_file_open(path, &f, &err) == 0, "%s", err.msg);
+        const StTensor *t = st_file_tensors(f, &n);
+
+        for (size_t i = 0; i < n; i++) {
+                size_t len = strlen(t[i].name);
+                char name[256];
+                if (len < 8 || strcmp(t[i].name + len - 8, ".qweight"))
+                        continue;
+                snprintf(name, sizeof(name), "%.*s.qzeros", (int) (len - 8), t[i].name);
+                const StTensor *tz = find(t, n, name);
+                snprintf(name, sizeof(name), "%.*s.scales", (int) (len - 8), t[i].name);
+                const StTensor *ts = find(t, n, name);
+                CHECK(tz && ts, "%s: no qzeros or scales", t[i].name);
+
+                uint32_t in = (uint32_t) t[i].shape[0], out = (uint32_t) t[i].shape[1] * 8;
+                uint32_t ng = (uint32_t) tz->shape[0], gs = in / ng;
+                uint32_t *qw = malloc(t[i].n_bytes), *qz = malloc(tz->n_bytes), *qw2 = malloc(t[i].n_bytes);
+                uint32_t *qz2 = malloc(tz->n_bytes);
+                uint16_t *sc = malloc(ts->n_bytes), *sc2 = malloc(ts->n_bytes);
+                uint8_t *q = malloc((size_t) in * out), *z = malloc((size_t) ng * out);
+                uint8_t *q2 = malloc((size_t) in * out), *z2 = malloc((size_t) ng * out);
+                float *w = malloc(sizeof(float) * in * out);
+                CHECK(qw && qz && qw2 && qz2 && sc && sc2 && q && z && q2 && z2 && w, "out of memory");
+                memcpy(qw, t[i].data, t[i].n_bytes);
+                memcpy(qz, tz->data, tz->n_bytes);
+                memcpy(sc, ts->data, ts->n_bytes);
+
+                unpack(qw, in, out, q);
+                unpack(qz, ng, out, z);
+                for (uint32_t k = 0; k < in; k++)
+                        for (uint32_t o = 0; o < out; o++)
+                                w[(uint64_t) o * in + k] = ((float) q[(uint64_t) k * out + o] -
+                                        (float) z[(uint64_t) (k / gs) * out + o]) * f16_to_f32(sc[(uint64_t) (k / gs) * out + o]);
+                CHECK(awq_quantize_rtn(w, in, out, gs, qw2, qz2, sc2) == 0, "%s: quantize", t[i].name);
+                unpack(qw2, in, out, q2);
+                unpack(qz2, ng, out, z2);
+
+                for (uint32_t g = 0; g < ng; g++)
+                        for (uint32_t o = 0; o < out; o++) {
+                                unsigned lo = 15, hi = 0;
+                                for (uint32_t k = g * gs; k < (g + 1) * gs; k++) {
+                                        lo = MIN(lo, q[(uint64_t) k * out + o]);
+                                        hi = MAX(hi, q[(uint64_t) k * out + o]);
+                                }
+                                groups++;
+                                if (lo != 0 || hi != 15)
+                                        continue;
+                                spanning++;
+                                CHECK(sc2[(uint64_t) g * out + o] == sc[(uint64_t) g * out + o] &&
+                                        z2[(uint64_t) g * out + o] == z[(uint64_t) g * out + o],
+                                        "%s group %u column %u: scale or zero differs", t[i].name, g, o);
+                                for (uint32_t k = g * gs; k < (g + 1) * gs; k++)
+                                        CHECK(q2[(uint64_t) k * out + o] == q[(uint64_t) k * out + o],
+                                                "%s [%u][%u]: q %u, the fixture has %u", t[i].name, k, o,
+                                                q2[(uint64_t) k * out + o], q[(uint64_t) k * out + o]);
+                        }
+                n_linears++;
+                free(qw);
+                free(qz);
+                free(qw2);
+                free(qz2);
+                free(sc);
+                free(sc2);
+                free(q);
+                free(z);
+                free(q2);
+                free(z2);
+                free(w);
+        }
+        st_file_free(f);
+        CHECK(n_linears == 14, "%zu quantized linears in %s", n_linears, path);
+        /* Most groups span the full range; a check over a handful would prove little. */
+        CHECK(spanning * 10 > groups * 9, "only %zu of %zu groups span 0..15", spanning, groups);
+}
+
 int main(void)
 {
         rng_state = 42;
@@ -152,5 +248,6 @@ int main(void)
         /* All-positive and all-negative groups push the zero point to its clamps. */
         check_shape(256, 16, 128, 0.01f, 1.0f);
         check_shape(256, 16, 128, 0.01f, -1.0f);
+        check_fixture_requantizes();
         return 0;
 }
