@@ -14,7 +14,7 @@
 #include "safetensors.h"
 #include "test_util.h"
 
-static const unsigned ORDER[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 /* Unpacks [rows][cols/8] words into [rows][cols] nibbles, written from the ORDER table
  * rather than from the header's REV table so that a wrong table would disagree. */
@@ -24,7 +24,8 @@ static void unpack(const uint32_t *packed, uint32_t rows, uint32_t cols, uint8_t
                 for (uint32_t c = 0; c < cols / 8; c++) {
                         uint32_t word = packed[(uint64_t) r * (cols / 8) + c];
                         for (unsigned i = 0; i < 8; i++)
-                                ret[(uint64_t) r * cols + 8 * c + ORDER[i]] = (word >> (4 * i)) & 0xF;
+                                ret[(uint64_t) r * cols + 8 * c + ORDER[i]] =
+                                        (word >> (4 * i)) & 0xF;
                 }
 }
 
@@ -57,7 +58,8 @@ static void check_shape(uint32_t in, uint32_t out, uint32_t gs, float spread, fl
         for (uint32_t i = 0; i < gs; i++)
                 w[i] = 0.0f;
 
-        CHECK(awq_quantize_rtn(w, in, out, gs, qw, qz, sc) == 0, "quantize %ux%u gs %u", in, out, gs);
+        CHECK(awq_quantize_rtn(w, in, out, gs, qw, qz, sc) == 0, "quantize %ux%u gs %u", in, out,
+                gs);
         unpack(qw, in, out, q);
         unpack(qz, n_groups, out, z);
 
@@ -72,7 +74,8 @@ static void check_shape(uint32_t in, uint32_t out, uint32_t gs, float spread, fl
                         float s = f16_to_f32(sc[(uint64_t) g * out + n]);
                         float want_s = fmaxf(mx - mn, 1e-5f) / 15.0f;
                         /* Half an fp16 ulp, or of the subnormal step 2^-24 for the 1e-5 floor. */
-                        CHECK(s > 0 && fabsf(s - want_s) <= want_s / 2048 + 3e-8f, "scale %g, want %g", s, want_s);
+                        CHECK(s > 0 && fabsf(s - want_s) <= want_s / 2048 + 3e-8f,
+                                "scale %g, want %g", s, want_s);
                         unsigned zv = z[(uint64_t) g * out + n];
                         CHECK(zv <= 15, "zero out of range");
                         CHECK(zv == (unsigned) fmaxf(0.0f, fminf(15.0f, -nearbyintf(mn / s))),
@@ -91,13 +94,16 @@ static void check_shape(uint32_t in, uint32_t out, uint32_t gs, float spread, fl
                                 float tol = s / 2 + 16 * s / 2048 + 1e-7f;
 
                                 CHECK(qv <= 15, "q out of range");
-                                CHECK(qv == (unsigned) fmaxf(0.0f, fminf(15.0f, nearbyintf(v / s) + (float) zv)),
+                                CHECK(qv == (unsigned) fmaxf(0.0f,
+                                                    fminf(15.0f, nearbyintf(v / s) + (float) zv)),
                                         "q %u for w %g scale %g zero %u", qv, v, s, zv);
-                                CHECK(!straddles || fabsf(deq - v) <= tol, "w[%u][%u] = %g dequantized to %g (scale %g, gs %u)",
-                                        n, k, v, deq, s, gs);
+                                CHECK(!straddles || fabsf(deq - v) <= tol,
+                                        "w[%u][%u] = %g dequantized to %g (scale %g, gs %u)", n, k,
+                                        v, deq, s, gs);
                                 CHECK(awq_weight(qw, qz, sc, out, gs, k, n) == deq,
                                         "awq_weight disagrees at [%u][%u]", k, n);
-                                CHECK(awq_nibble(qw, out, k, n) == qv, "awq_nibble disagrees at [%u][%u]", k, n);
+                                CHECK(awq_nibble(qw, out, k, n) == qv,
+                                        "awq_nibble disagrees at [%u][%u]", k, n);
                         }
                 }
 
@@ -131,7 +137,7 @@ static void check_known_word(void)
 
 static void check_errors(void)
 {
-        float w[16 * 24] = { 0 };
+        float w[16 * 24] = {0};
         uint32_t qw[64], qz[64];
         uint16_t sc[128];
 
@@ -159,7 +165,7 @@ static void check_fixture_requantizes(void)
 {
         const char *path = test_shared("fixtures/tiny-qwen2-awq/model.safetensors");
         StFile *f = NULL;
-        DsError err = { 0 };
+        DsError err = {0};
         size_t n, n_linears = 0, spanning = 0, groups = 0;
 
         CHECK(st_file_open(path, &f, &err) == 0, "%s", err.msg);
@@ -178,13 +184,15 @@ static void check_fixture_requantizes(void)
 
                 uint32_t in = (uint32_t) t[i].shape[0], out = (uint32_t) t[i].shape[1] * 8;
                 uint32_t ng = (uint32_t) tz->shape[0], gs = in / ng;
-                uint32_t *qw = malloc(t[i].n_bytes), *qz = malloc(tz->n_bytes), *qw2 = malloc(t[i].n_bytes);
+                uint32_t *qw = malloc(t[i].n_bytes), *qz = malloc(tz->n_bytes),
+                         *qw2 = malloc(t[i].n_bytes);
                 uint32_t *qz2 = malloc(tz->n_bytes);
                 uint16_t *sc = malloc(ts->n_bytes), *sc2 = malloc(ts->n_bytes);
                 uint8_t *q = malloc((size_t) in * out), *z = malloc((size_t) ng * out);
                 uint8_t *q2 = malloc((size_t) in * out), *z2 = malloc((size_t) ng * out);
                 float *w = malloc(sizeof(float) * in * out);
-                CHECK(qw && qz && qw2 && qz2 && sc && sc2 && q && z && q2 && z2 && w, "out of memory");
+                CHECK(qw && qz && qw2 && qz2 && sc && sc2 && q && z && q2 && z2 && w,
+                        "out of memory");
                 memcpy(qw, t[i].data, t[i].n_bytes);
                 memcpy(qz, tz->data, tz->n_bytes);
                 memcpy(sc, ts->data, ts->n_bytes);
@@ -193,9 +201,12 @@ static void check_fixture_requantizes(void)
                 unpack(qz, ng, out, z);
                 for (uint32_t k = 0; k < in; k++)
                         for (uint32_t o = 0; o < out; o++)
-                                w[(uint64_t) o * in + k] = ((float) q[(uint64_t) k * out + o] -
-                                        (float) z[(uint64_t) (k / gs) * out + o]) * f16_to_f32(sc[(uint64_t) (k / gs) * out + o]);
-                CHECK(awq_quantize_rtn(w, in, out, gs, qw2, qz2, sc2) == 0, "%s: quantize", t[i].name);
+                                w[(uint64_t) o * in + k] =
+                                        ((float) q[(uint64_t) k * out + o] -
+                                                (float) z[(uint64_t) (k / gs) * out + o]) *
+                                        f16_to_f32(sc[(uint64_t) (k / gs) * out + o]);
+                CHECK(awq_quantize_rtn(w, in, out, gs, qw2, qz2, sc2) == 0, "%s: quantize",
+                        t[i].name);
                 unpack(qw2, in, out, q2);
                 unpack(qz2, ng, out, z2);
 
@@ -211,12 +222,16 @@ static void check_fixture_requantizes(void)
                                         continue;
                                 spanning++;
                                 CHECK(sc2[(uint64_t) g * out + o] == sc[(uint64_t) g * out + o] &&
-                                        z2[(uint64_t) g * out + o] == z[(uint64_t) g * out + o],
-                                        "%s group %u column %u: scale or zero differs", t[i].name, g, o);
+                                                z2[(uint64_t) g * out + o] ==
+                                                        z[(uint64_t) g * out + o],
+                                        "%s group %u column %u: scale or zero differs", t[i].name,
+                                        g, o);
                                 for (uint32_t k = g * gs; k < (g + 1) * gs; k++)
-                                        CHECK(q2[(uint64_t) k * out + o] == q[(uint64_t) k * out + o],
-                                                "%s [%u][%u]: q %u, the fixture has %u", t[i].name, k, o,
-                                                q2[(uint64_t) k * out + o], q[(uint64_t) k * out + o]);
+                                        CHECK(q2[(uint64_t) k * out + o] ==
+                                                        q[(uint64_t) k * out + o],
+                                                "%s [%u][%u]: q %u, the fixture has %u", t[i].name,
+                                                k, o, q2[(uint64_t) k * out + o],
+                                                q[(uint64_t) k * out + o]);
                         }
                 n_linears++;
                 free(qw);

@@ -79,14 +79,14 @@ static void check_roundtrip(void)
 {
         _cleanup_(st_writer_freep) StWriter *w = NULL;
         char path[256];
-        DsError err = { 0 };
-        float f32[6] = { 1.5f, -2.0f, 0.25f, 3.0f, -0.125f, 8.0f };
-        uint16_t f16[3] = { 0x3C00, 0xC000, 0x3800 };
-        int32_t i32[4] = { -1, 0, 0x12345678, INT32_MIN };
-        uint8_t u8[5] = { 1, 2, 3, 4, 5 };
+        DsError err = {0};
+        float f32[6] = {1.5f, -2.0f, 0.25f, 3.0f, -0.125f, 8.0f};
+        uint16_t f16[3] = {0x3C00, 0xC000, 0x3800};
+        int32_t i32[4] = {-1, 0, 0x12345678, INT32_MIN};
+        uint8_t u8[5] = {1, 2, 3, 4, 5};
         /* Odd sizes everywhere, so the header and offsets land off any alignment. */
-        uint64_t s_f32[2] = { 2, 3 }, s_f16[1] = { 3 }, s_i32[2] = { 4, 1 }, s_u8[1] = { 5 };
-        uint64_t s_big[2] = { 3, ST_WRITER_CHUNK / 4 + 7 }; /* three chunks and a bit */
+        uint64_t s_f32[2] = {2, 3}, s_f16[1] = {3}, s_i32[2] = {4, 1}, s_u8[1] = {5};
+        uint64_t s_big[2] = {3, ST_WRITER_CHUNK / 4 + 7}; /* three chunks and a bit */
         uint64_t big_bytes = s_big[0] * s_big[1] * 4;
         size_t calls = 0;
 
@@ -95,7 +95,8 @@ static void check_roundtrip(void)
         CHECK(st_writer_add_metadata(w, "format", "pt") == 0, "metadata");
         CHECK(st_writer_add(w, "weights.f32", ST_F32, 2, s_f32, f32, sizeof(f32)) == 0, "add f32");
         CHECK(st_writer_add(w, "b.f16", ST_F16, 1, s_f16, f16, sizeof(f16)) == 0, "add f16");
-        CHECK(st_writer_add_lazy(w, "big", ST_I32, 2, s_big, fill_pattern, &calls) == 0, "add lazy");
+        CHECK(st_writer_add_lazy(w, "big", ST_I32, 2, s_big, fill_pattern, &calls) == 0,
+                "add lazy");
         CHECK(st_writer_add(w, "ints", ST_I32, 2, s_i32, i32, sizeof(i32)) == 0, "add i32");
         CHECK(st_writer_add(w, "z", ST_U8, 1, s_u8, u8, sizeof(u8)) == 0, "add u8");
         CHECK(st_writer_add(w, "scalar", ST_F32, 0, NULL, f32, 4) == 0, "add scalar");
@@ -107,8 +108,9 @@ static void check_roundtrip(void)
         CHECK(st_writer_add(w, "", ST_U8, 1, s_u8, u8, 5) == -EINVAL, "empty name");
         CHECK(st_writer_add(w, "bad", _ST_DTYPE_MAX, 1, s_u8, u8, 5) == -EINVAL, "dtype");
         CHECK(st_writer_add(w, "deep", ST_U8, ST_MAX_DIMS + 1, s_u8, u8, 5) == -EINVAL, "dims");
-        uint64_t huge[2] = { UINT64_MAX / 2, 4 };
-        CHECK(st_writer_add_lazy(w, "huge", ST_F32, 2, huge, fill_pattern, &calls) == -EINVAL, "overflow");
+        uint64_t huge[2] = {UINT64_MAX / 2, 4};
+        CHECK(st_writer_add_lazy(w, "huge", ST_F32, 2, huge, fill_pattern, &calls) == -EINVAL,
+                "overflow");
         CHECK(st_writer_add_lazy(w, "nofill", ST_F32, 1, s_u8, NULL, NULL) == -EINVAL, "no fill");
 
         CHECK(st_writer_write(w, path, &err) == 0, "write: %s", err.msg);
@@ -118,7 +120,8 @@ static void check_roundtrip(void)
         size_t size;
         uint8_t *file = read_all(path, &size);
         uint64_t hlen = u64_le(file);
-        CHECK(hlen % 8 == 0, "header length %llu is not a multiple of 8", (unsigned long long) hlen);
+        CHECK(hlen % 8 == 0, "header length %llu is not a multiple of 8",
+                (unsigned long long) hlen);
         CHECK(8 + hlen <= size, "header past the end");
         const char *hdr = (const char *) file + 8;
         CHECK(hdr[0] == '{', "header does not start with {");
@@ -137,14 +140,15 @@ static void check_roundtrip(void)
                 uint64_t n_bytes;
                 const void *bytes; /* NULL: the pattern */
         } want[] = {
-                { "weights.f32", ST_F32, sizeof(f32), f32 },
-                { "b.f16", ST_F16, sizeof(f16), f16 },
-                { "big", ST_I32, big_bytes, NULL },
-                { "ints", ST_I32, sizeof(i32), i32 },
-                { "z", ST_U8, sizeof(u8), u8 },
-                { "scalar", ST_F32, 4, f32 },
+                {"weights.f32", ST_F32, sizeof(f32), f32},
+                {"b.f16", ST_F16, sizeof(f16), f16},
+                {"big", ST_I32, big_bytes, NULL},
+                {"ints", ST_I32, sizeof(i32), i32},
+                {"z", ST_U8, sizeof(u8), u8},
+                {"scalar", ST_F32, 4, f32},
         };
-        CHECK(size == 8 + hlen + sizeof(f32) + sizeof(f16) + big_bytes + sizeof(i32) + sizeof(u8) + 4,
+        CHECK(size == 8 + hlen + sizeof(f32) + sizeof(f16) + big_bytes + sizeof(i32) + sizeof(u8) +
+                                4,
                 "file size %zu", size);
 
         StFile *sf = NULL;
@@ -169,13 +173,15 @@ static void check_roundtrip(void)
                 CHECK(found->n_bytes == want[i].n_bytes, "%s size", want[i].name);
                 /* In the order added, contiguous from the start of the data buffer. */
                 CHECK((const uint8_t *) found->data == base + want_off, "%s offset", want[i].name);
-                CHECK(!memcmp(found->data, data + want_off, want[i].n_bytes), "%s read back", want[i].name);
+                CHECK(!memcmp(found->data, data + want_off, want[i].n_bytes), "%s read back",
+                        want[i].name);
                 if (want[i].bytes)
-                        CHECK(!memcmp(data + want_off, want[i].bytes, want[i].n_bytes), "%s bytes", want[i].name);
+                        CHECK(!memcmp(data + want_off, want[i].bytes, want[i].n_bytes), "%s bytes",
+                                want[i].name);
                 else
                         for (uint64_t k = 0; k < want[i].n_bytes; k++)
-                                CHECK(data[want_off + k] == pattern(k), "%s byte %llu", want[i].name,
-                                        (unsigned long long) k);
+                                CHECK(data[want_off + k] == pattern(k), "%s byte %llu",
+                                        want[i].name, (unsigned long long) k);
                 want_off += want[i].n_bytes;
         }
         const StTensor *f = NULL;
@@ -198,9 +204,9 @@ static void check_failure_leaves_nothing(void)
 {
         _cleanup_(st_writer_freep) StWriter *w = NULL;
         char path[256];
-        DsError err = { 0 };
-        uint64_t shape[1] = { 16 };
-        uint8_t u8[16] = { 0 };
+        DsError err = {0};
+        uint64_t shape[1] = {16};
+        uint8_t u8[16] = {0};
 
         snprintf(path, sizeof(path), "%s/b.safetensors", dir);
         FILE *old = fopen(path, "w");

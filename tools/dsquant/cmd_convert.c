@@ -35,7 +35,7 @@ typedef struct L2cConfig {
 typedef struct L2cLayout {
         uint64_t vocab, dim, hidden, kv_dim, head_size, n_layers;
         uint64_t emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, wcls;
-        uint64_t end;  /* in floats */
+        uint64_t end; /* in floats */
         bool tied;
 } L2cLayout;
 
@@ -43,7 +43,7 @@ typedef struct L2cFile {
         const char *path;
         void *map;
         size_t size;
-        const float *w;  /* just past the header */
+        const float *w; /* just past the header */
         L2cConfig cfg;
         L2cLayout lay;
 } L2cFile;
@@ -67,19 +67,22 @@ static bool advance(uint64_t *pos, uint64_t a, uint64_t b, uint64_t c, uint64_t 
 
 static int l2c_layout(const char *path, const L2cConfig *c, L2cLayout *ret, DsError *err)
 {
-        L2cLayout l = { 0 };
+        L2cLayout l = {0};
         uint64_t skip, pos = 0;
 
         if (c->dim == L2C_MAGIC)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "%s: a llama2.c version 1+ export (magic \"ak42\"); only the legacy "
-                        "(version 0) float32 format is supported", path);
+                        "(version 0) float32 format is supported",
+                        path);
         if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 ||
-            c->n_kv_heads <= 0 || c->vocab_size == 0 || c->vocab_size == INT32_MIN || c->seq_len <= 0)
+                c->n_kv_heads <= 0 || c->vocab_size == 0 || c->vocab_size == INT32_MIN ||
+                c->seq_len <= 0)
                 return ds_error(err, -DS_ERR_FORMAT,
                         "%s: implausible header (dim %d, hidden_dim %d, n_layers %d, n_heads %d, "
-                        "n_kv_heads %d, vocab_size %d, seq_len %d)", path, c->dim, c->hidden_dim,
-                        c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len);
+                        "n_kv_heads %d, vocab_size %d, seq_len %d)",
+                        path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                        c->vocab_size, c->seq_len);
         if (c->dim % c->n_heads != 0 || (c->dim / c->n_heads) % 2 != 0)
                 return ds_error(err, -DS_ERR_FORMAT,
                         "%s: dim %d does not split into %d heads of an even size", path, c->dim,
@@ -98,18 +101,18 @@ static int l2c_layout(const char *path, const L2cConfig *c, L2cLayout *ret, DsEr
 
         /* The order of llama2.c's run.c memory_map_weights(). */
         bool ok = advance(&pos, l.vocab, l.dim, 1, &l.emb) &&
-                advance(&pos, l.n_layers, l.dim, 1, &l.rms_att) &&
-                advance(&pos, l.n_layers, l.dim, l.dim, &l.wq) &&
-                advance(&pos, l.n_layers, l.kv_dim, l.dim, &l.wk) &&
-                advance(&pos, l.n_layers, l.kv_dim, l.dim, &l.wv) &&
-                advance(&pos, l.n_layers, l.dim, l.dim, &l.wo) &&
-                advance(&pos, l.n_layers, l.dim, 1, &l.rms_ffn) &&
-                advance(&pos, l.n_layers, l.hidden, l.dim, &l.w1) &&
-                advance(&pos, l.n_layers, l.dim, l.hidden, &l.w2) &&
-                advance(&pos, l.n_layers, l.hidden, l.dim, &l.w3) &&
-                advance(&pos, l.dim, 1, 1, &l.rms_final) &&
-                /* freq_cis_real and freq_cis_imag, unused: RoPE is recomputed. */
-                advance(&pos, 2, (uint64_t) c->seq_len, l.head_size / 2, &skip);
+                  advance(&pos, l.n_layers, l.dim, 1, &l.rms_att) &&
+                  advance(&pos, l.n_layers, l.dim, l.dim, &l.wq) &&
+                  advance(&pos, l.n_layers, l.kv_dim, l.dim, &l.wk) &&
+                  advance(&pos, l.n_layers, l.kv_dim, l.dim, &l.wv) &&
+                  advance(&pos, l.n_layers, l.dim, l.dim, &l.wo) &&
+                  advance(&pos, l.n_layers, l.dim, 1, &l.rms_ffn) &&
+                  advance(&pos, l.n_layers, l.hidden, l.dim, &l.w1) &&
+                  advance(&pos, l.n_layers, l.dim, l.hidden, &l.w2) &&
+                  advance(&pos, l.n_layers, l.hidden, l.dim, &l.w3) &&
+                  advance(&pos, l.dim, 1, 1, &l.rms_final) &&
+                  /* freq_cis_real and freq_cis_imag, unused: RoPE is recomputed. */
+                  advance(&pos, 2, (uint64_t) c->seq_len, l.head_size / 2, &skip);
         l.wcls = l.emb;
         if (ok && !l.tied)
                 ok = advance(&pos, l.vocab, l.dim, 1, &l.wcls);
@@ -124,7 +127,7 @@ static int l2c_open(const char *path, L2cFile *ret, DsError *err)
 {
         _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
         struct stat st;
-        L2cFile f = { .path = path };
+        L2cFile f = {.path = path};
         int r;
 
         if (fd < 0)
@@ -134,8 +137,9 @@ static int l2c_open(const char *path, L2cFile *ret, DsError *err)
         if (!S_ISREG(st.st_mode))
                 return ds_error(err, -EINVAL, "%s: not a regular file", path);
         if ((uint64_t) st.st_size < sizeof(L2cConfig))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: %lld bytes, shorter than the 28-byte header",
-                        path, (long long) st.st_size);
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: %lld bytes, shorter than the 28-byte header", path,
+                        (long long) st.st_size);
 
         f.size = (size_t) st.st_size;
         f.map = mmap(NULL, f.size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -148,8 +152,8 @@ static int l2c_open(const char *path, L2cFile *ret, DsError *err)
         if (r >= 0 && sizeof(L2cConfig) + f.lay.end * sizeof(float) != (uint64_t) f.size)
                 r = ds_error(err, -DS_ERR_FORMAT,
                         "%s: %zu bytes, but its header (dim %d, hidden_dim %d, n_layers %d, "
-                        "n_heads %d, n_kv_heads %d, vocab_size %d, seq_len %d) needs %llu", path,
-                        f.size, f.cfg.dim, f.cfg.hidden_dim, f.cfg.n_layers, f.cfg.n_heads,
+                        "n_heads %d, n_kv_heads %d, vocab_size %d, seq_len %d) needs %llu",
+                        path, f.size, f.cfg.dim, f.cfg.hidden_dim, f.cfg.n_layers, f.cfg.n_heads,
                         f.cfg.n_kv_heads, f.cfg.vocab_size, f.cfg.seq_len,
                         (unsigned long long) (sizeof(L2cConfig) + f.lay.end * sizeof(float)));
         if (r < 0) {
@@ -167,8 +171,8 @@ static int l2c_open(const char *path, L2cFile *ret, DsError *err)
 typedef struct ConvTensor {
         const float *src;
         uint64_t rows, cols;
-        uint64_t heads;      /* 0: rows copied in order */
-        int layer;           /* >= 0: announce progress when this tensor starts */
+        uint64_t heads; /* 0: rows copied in order */
+        int layer;      /* >= 0: announce progress when this tensor starts */
         int n_layers;
 } ConvTensor;
 
@@ -210,7 +214,7 @@ static int conv_fill(void *userdata, uint64_t offset, void *buf, size_t n_bytes,
 /* The tensors reference f's mapping and specs, which must outlive st_writer_write(). */
 static int add_tensor(StWriter *w, const char *name, ConvTensor *spec, DsError *err)
 {
-        uint64_t shape[2] = { spec->rows, spec->cols };
+        uint64_t shape[2] = {spec->rows, spec->cols};
         uint32_t n_dims = spec->cols == 1 ? 1 : 2;
         int r = st_writer_add_lazy(w, name, ST_F32, n_dims, shape, conv_fill, spec);
 
@@ -227,7 +231,8 @@ static int write_weights(const L2cFile *f, const char *outdir, DsError *err)
         const float *w = f->w;
         int n_layers = f->cfg.n_layers;
         _cleanup_(st_writer_freep) StWriter *sw = NULL;
-        _cleanup_free_ ConvTensor *specs = calloc((size_t) n_layers * N_LAYER_TENSORS + 3, sizeof(*specs));
+        _cleanup_free_ ConvTensor *specs =
+                calloc((size_t) n_layers * N_LAYER_TENSORS + 3, sizeof(*specs));
         _cleanup_free_ char *path = NULL;
         ConvTensor *s = specs;
         char name[128];
@@ -246,7 +251,7 @@ static int write_weights(const L2cFile *f, const char *outdir, DsError *err)
         /* Progress lines only where writing takes long enough to want them. */
         bool progress = l->end * sizeof(float) > (UINT64_C(256) << 20);
 
-        *s = (ConvTensor) { w + l->emb, l->vocab, l->dim, 0, -1, n_layers };
+        *s = (ConvTensor){w + l->emb, l->vocab, l->dim, 0, -1, n_layers};
         if ((r = add_tensor(sw, "model.embed_tokens.weight", s++, err)) < 0)
                 return r;
 
@@ -256,17 +261,26 @@ static int write_weights(const L2cFile *f, const char *outdir, DsError *err)
                         const char *suffix;
                         ConvTensor t;
                 } layer[N_LAYER_TENSORS] = {
-                        { "input_layernorm.weight", { w + l->rms_att + L * l->dim, l->dim, 1, 0, progress ? i : -1, n_layers } },
-                        { "self_attn.q_proj.weight",
-                                { w + l->wq + L * l->dim * l->dim, l->dim, l->dim, (uint64_t) f->cfg.n_heads, -1, 0 } },
-                        { "self_attn.k_proj.weight",
-                                { w + l->wk + L * l->kv_dim * l->dim, l->kv_dim, l->dim, (uint64_t) f->cfg.n_kv_heads, -1, 0 } },
-                        { "self_attn.v_proj.weight", { w + l->wv + L * l->kv_dim * l->dim, l->kv_dim, l->dim, 0, -1, 0 } },
-                        { "self_attn.o_proj.weight", { w + l->wo + L * l->dim * l->dim, l->dim, l->dim, 0, -1, 0 } },
-                        { "post_attention_layernorm.weight", { w + l->rms_ffn + L * l->dim, l->dim, 1, 0, -1, 0 } },
-                        { "mlp.gate_proj.weight", { w + l->w1 + L * l->hidden * l->dim, l->hidden, l->dim, 0, -1, 0 } },
-                        { "mlp.up_proj.weight", { w + l->w3 + L * l->hidden * l->dim, l->hidden, l->dim, 0, -1, 0 } },
-                        { "mlp.down_proj.weight", { w + l->w2 + L * l->dim * l->hidden, l->dim, l->hidden, 0, -1, 0 } },
+                        {"input_layernorm.weight", {w + l->rms_att + L * l->dim, l->dim, 1, 0,
+                                                           progress ? i : -1, n_layers}},
+                        {"self_attn.q_proj.weight",
+                                {w + l->wq + L * l->dim * l->dim, l->dim, l->dim,
+                                        (uint64_t) f->cfg.n_heads, -1, 0}},
+                        {"self_attn.k_proj.weight",
+                                {w + l->wk + L * l->kv_dim * l->dim, l->kv_dim, l->dim,
+                                        (uint64_t) f->cfg.n_kv_heads, -1, 0}},
+                        {"self_attn.v_proj.weight",
+                                {w + l->wv + L * l->kv_dim * l->dim, l->kv_dim, l->dim, 0, -1, 0}},
+                        {"self_attn.o_proj.weight",
+                                {w + l->wo + L * l->dim * l->dim, l->dim, l->dim, 0, -1, 0}},
+                        {"post_attention_layernorm.weight",
+                                {w + l->rms_ffn + L * l->dim, l->dim, 1, 0, -1, 0}},
+                        {"mlp.gate_proj.weight",
+                                {w + l->w1 + L * l->hidden * l->dim, l->hidden, l->dim, 0, -1, 0}},
+                        {"mlp.up_proj.weight",
+                                {w + l->w3 + L * l->hidden * l->dim, l->hidden, l->dim, 0, -1, 0}},
+                        {"mlp.down_proj.weight",
+                                {w + l->w2 + L * l->dim * l->hidden, l->dim, l->hidden, 0, -1, 0}},
                 };
 
                 for (size_t j = 0; j < N_LAYER_TENSORS; j++) {
@@ -277,11 +291,11 @@ static int write_weights(const L2cFile *f, const char *outdir, DsError *err)
                 }
         }
 
-        *s = (ConvTensor) { w + l->rms_final, l->dim, 1, 0, -1, 0 };
+        *s = (ConvTensor){w + l->rms_final, l->dim, 1, 0, -1, 0};
         if ((r = add_tensor(sw, "model.norm.weight", s++, err)) < 0)
                 return r;
         if (!l->tied) {
-                *s = (ConvTensor) { w + l->wcls, l->vocab, l->dim, 0, -1, 0 };
+                *s = (ConvTensor){w + l->wcls, l->vocab, l->dim, 0, -1, 0};
                 if ((r = add_tensor(sw, "lm_head.weight", s++, err)) < 0)
                         return r;
         }
@@ -295,7 +309,7 @@ static int write_config(const L2cFile *f, const char *outdir, DsError *err)
         const L2cConfig *c = &f->cfg;
         _cleanup_(cJSON_Deletep) cJSON *j = cJSON_CreateObject();
         cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-        cJSON *eos = cJSON_CreateIntArray((const int[]) { 2, 1 }, 2);
+        cJSON *eos = cJSON_CreateIntArray((const int[]){2, 1}, 2);
         bool ok = arch && eos;
 
         ok = ok && cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
@@ -338,7 +352,8 @@ static int write_tokenizer_config(const char *outdir, DsError *err)
         return out_write_json(outdir, "tokenizer_config.json", j, err);
 }
 
-static int write_tokenizer(const char *tokenizer_bin, uint32_t vocab, const char *outdir, DsError *err)
+static int write_tokenizer(
+        const char *tokenizer_bin, uint32_t vocab, const char *outdir, DsError *err)
 {
         _cleanup_free_ char *json = NULL;
         int r = tokenizer_json_from_llama2c(tokenizer_bin, vocab, &json, err);
@@ -360,9 +375,12 @@ static void help(FILE *out)
                 "  config.json            LlamaForCausalLM; rms_norm_eps 1e-5, rope_theta 10000,\n"
                 "                         max_position_embeddings = seq_len, tie_word_embeddings\n"
                 "                         when the header's vocab_size is positive\n"
-                "  model.safetensors      float32, Hugging Face tensor names; the rows of q_proj and\n"
-                "                         k_proj are permuted from llama2.c's adjacent-pair RoPE to\n"
-                "                         Hugging Face's rotate-half, as convert_llama_weights_to_hf.py\n"
+                "  model.safetensors      float32, Hugging Face tensor names; the rows of q_proj "
+                "and\n"
+                "                         k_proj are permuted from llama2.c's adjacent-pair RoPE "
+                "to\n"
+                "                         Hugging Face's rotate-half, as "
+                "convert_llama_weights_to_hf.py\n"
                 "                         does; lm_head.weight only when not tied\n"
                 "  tokenizer.json         SentencePiece-style BPE with byte fallback\n"
                 "  tokenizer_config.json  <s> as BOS (added), </s> as EOS, no chat template\n"
@@ -379,12 +397,12 @@ static void help(FILE *out)
 int cmd_convert(int argc, char **argv)
 {
         static const struct option options[] = {
-                { "from", required_argument, NULL, 'f' },
-                { "help", no_argument, NULL, 'h' },
+                {"from", required_argument, NULL, 'f'},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
-        _cleanup_(l2c_file_close) L2cFile f = { 0 };
-        DsError err = { 0 };
+        _cleanup_(l2c_file_close) L2cFile f = {0};
+        DsError err = {0};
         int c, r;
 
         optind = 0;
@@ -409,7 +427,8 @@ int cmd_convert(int argc, char **argv)
                 return EXIT_FAILURE;
         }
         if (argc - optind != 3) {
-                log_error("convert: expected CHECKPOINT.bin TOKENIZER.bin OUTDIR, got %d argument(s)",
+                log_error(
+                        "convert: expected CHECKPOINT.bin TOKENIZER.bin OUTDIR, got %d argument(s)",
                         argc - optind);
                 return EXIT_FAILURE;
         }

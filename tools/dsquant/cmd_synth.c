@@ -25,19 +25,21 @@ static uint64_t arg_seed = 1;
 
 typedef struct SynthShape {
         const char *name;
-        const char *arch;       /* Qwen2ForCausalLM (q/k/v biases) or LlamaForCausalLM */
+        const char *arch; /* Qwen2ForCausalLM (q/k/v biases) or LlamaForCausalLM */
         uint32_t hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab;
         uint32_t max_pos, group_size;
         double rope_theta, rms_eps;
         bool tied;
 } SynthShape;
 
+/* clang-format off */
 static const SynthShape SHAPES[] = {
         { "tiny", "Qwen2ForCausalLM", 256, 768, 2, 4, 2, 64, 512, 2048, 128, 10000.0, 1e-6, false },
         /* DeepSeek-R1-Distill-Qwen-7B and -32B (shared/docs/formats.md). */
         { "qwen2-7b", "Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 128, 152064, 131072, 128, 10000.0, 1e-6, false },
         { "qwen2-32b", "Qwen2ForCausalLM", 5120, 27648, 64, 40, 8, 128, 152064, 131072, 128, 1000000.0, 1e-5, false },
 };
+/* clang-format on */
 
 /* Up to this many quantized weights, linears are random float matrices quantized with
  * awq_quantize_rtn(), as a real AWQ checkpoint would be; above it, packed values and
@@ -69,7 +71,7 @@ static float normalish(uint64_t key, uint64_t i)
 {
         uint64_t h = rand_at(key, i);
         double s = (double) (h & 0xffff) + (double) ((h >> 16) & 0xffff) +
-                (double) ((h >> 32) & 0xffff) + (double) (h >> 48);
+                   (double) ((h >> 32) & 0xffff) + (double) (h >> 48);
         return (float) ((s - 4 * 32767.5) / 37837.2);
 }
 
@@ -101,7 +103,7 @@ typedef struct SynthTensor {
         uint64_t key;
         uint64_t n_bytes;
         SynthLinear *lin;
-        int layer;        /* >= 0: announce progress when this tensor starts */
+        int layer; /* >= 0: announce progress when this tensor starts */
 } SynthTensor;
 
 typedef struct Synth {
@@ -110,7 +112,7 @@ typedef struct Synth {
         SynthLinear *linears;
         size_t n_tensors, n_linears;
         uint64_t total_bytes;
-        bool rtn;       /* quantize random float weights rather than draw packed ones */
+        bool rtn; /* quantize random float weights rather than draw packed ones */
         bool progress;
 } Synth;
 
@@ -149,7 +151,8 @@ static int synth_linear_quantize(SynthLinear *l, DsError *err)
         int r = awq_quantize_rtn(w, l->in, l->out, l->gs, l->qweight, l->qzeros, l->scales);
         if (r < 0) {
                 synth_linear_drop(l);
-                return ds_error(err, r, "quantizing a %ux%u linear with group %u", l->out, l->in, l->gs);
+                return ds_error(
+                        err, r, "quantizing a %ux%u linear with group %u", l->out, l->in, l->gs);
         }
         return 0;
 }
@@ -203,7 +206,8 @@ static int synth_fill(void *userdata, uint64_t offset, void *buf, size_t n_bytes
                 if (t->kind == SYN_SCALES) {
                         uint16_t *out = buf;
                         for (uint64_t i = 0; i < n_bytes / 2; i++) {
-                                double u = (double) (rand_at(t->key, offset / 2 + i) >> 11) / 9007199254740992.0;
+                                double u = (double) (rand_at(t->key, offset / 2 + i) >> 11) /
+                                           9007199254740992.0;
                                 out[i] = f32_to_f16(SYNTH_DIRECT_SCALE * (float) (0.75 + 0.5 * u));
                         }
                 } else {
@@ -216,8 +220,9 @@ static int synth_fill(void *userdata, uint64_t offset, void *buf, size_t n_bytes
 
         if (!l->qweight && (r = synth_linear_quantize(l, err)) < 0)
                 return r;
-        const uint8_t *src = t->kind == SYN_QWEIGHT ? (const uint8_t *) l->qweight :
-                t->kind == SYN_QZEROS ? (const uint8_t *) l->qzeros : (const uint8_t *) l->scales;
+        const uint8_t *src = t->kind == SYN_QWEIGHT  ? (const uint8_t *) l->qweight
+                             : t->kind == SYN_QZEROS ? (const uint8_t *) l->qzeros
+                                                     : (const uint8_t *) l->scales;
         memcpy(buf, src + offset, n_bytes);
         if (t->kind == SYN_SCALES && offset + n_bytes == t->n_bytes)
                 synth_linear_drop(l);
@@ -232,8 +237,11 @@ static int add(Synth *s, StWriter *w, const char *name, SynthKind kind, StDtype 
 
         for (uint32_t d = 0; d < n_dims; d++)
                 n *= shape[d];
-        *t = (SynthTensor) { .kind = kind, .key = tensor_key(name), .n_bytes = n, .lin = lin,
-                .layer = s->progress ? layer : -1 };
+        *t = (SynthTensor){.kind = kind,
+                .key = tensor_key(name),
+                .n_bytes = n,
+                .lin = lin,
+                .layer = s->progress ? layer : -1};
         s->total_bytes += n;
 
         int r = st_writer_add_lazy(w, name, dtype, n_dims, shape, synth_fill, t);
@@ -242,8 +250,8 @@ static int add(Synth *s, StWriter *w, const char *name, SynthKind kind, StDtype 
         return 0;
 }
 
-static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32_t in,
-        uint32_t out, bool bias, DsError *err)
+static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32_t in, uint32_t out,
+        bool bias, DsError *err)
 {
         const SynthShape *sh = &s->shape;
         SynthLinear *l = &s->linears[s->n_linears++];
@@ -251,7 +259,7 @@ static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32
         char name[160];
         int r;
 
-        *l = (SynthLinear) { .in = in, .out = out, .gs = sh->group_size };
+        *l = (SynthLinear){.in = in, .out = out, .gs = sh->group_size};
         snprintf(name, sizeof(name), "model.layers.%d.%s", layer, base);
         l->key = tensor_key(name);
 
@@ -263,9 +271,9 @@ static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32
                 StDtype dtype;
                 uint64_t shape[2];
         } parts[] = {
-                { "qweight", SYN_QWEIGHT, ST_I32, { in, out / 8 } },
-                { "qzeros", SYN_QZEROS, ST_I32, { g, out / 8 } },
-                { "scales", SYN_SCALES, ST_F16, { g, out } },
+                {"qweight", SYN_QWEIGHT, ST_I32, {in, out / 8}},
+                {"qzeros", SYN_QZEROS, ST_I32, {g, out / 8}},
+                {"scales", SYN_SCALES, ST_F16, {g, out}},
         };
         for (size_t i = 0; i < ELEMENTSOF(parts); i++) {
                 snprintf(name, sizeof(name), "model.layers.%d.%s.%s", layer, base, parts[i].suffix);
@@ -274,7 +282,7 @@ static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32
                         return r;
         }
         if (bias) {
-                uint64_t shape[1] = { out };
+                uint64_t shape[1] = {out};
                 snprintf(name, sizeof(name), "model.layers.%d.%s.bias", layer, base);
                 return add(s, w, name, SYN_NORMAL, ST_F16, 1, shape, NULL, -1, err);
         }
@@ -289,7 +297,7 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
         const SynthShape *sh = &s->shape;
         bool biases = !strcmp(sh->arch, "Qwen2ForCausalLM");
         uint32_t q_dim = sh->n_heads * sh->head_dim, kv_dim = sh->n_kv_heads * sh->head_dim;
-        uint64_t emb[2] = { sh->vocab, sh->hidden }, norm[1] = { sh->hidden };
+        uint64_t emb[2] = {sh->vocab, sh->hidden}, norm[1] = {sh->hidden};
         _cleanup_(st_writer_freep) StWriter *w = NULL;
         _cleanup_free_ char *path = NULL;
         char name[160];
@@ -307,34 +315,44 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
         if (r < 0)
                 return ds_error(err, r, "out of memory");
 
-        uint64_t per_layer = (uint64_t) sh->hidden * (q_dim + 2 * kv_dim) + (uint64_t) q_dim * sh->hidden +
-                3 * (uint64_t) sh->hidden * sh->intermediate;
+        uint64_t per_layer = (uint64_t) sh->hidden * (q_dim + 2 * kv_dim) +
+                             (uint64_t) q_dim * sh->hidden +
+                             3 * (uint64_t) sh->hidden * sh->intermediate;
         s->rtn = per_layer * sh->n_layers <= SYNTH_RTN_MAX_WEIGHTS;
         /* Progress lines only where writing takes long enough to want them. */
         s->progress = (uint64_t) sh->vocab * sh->hidden > (UINT64_C(64) << 20);
 
-        if ((r = add(s, w, "model.embed_tokens.weight", SYN_NORMAL, ST_F16, 2, emb, NULL, -1, err)) < 0)
+        if ((r = add(s, w, "model.embed_tokens.weight", SYN_NORMAL, ST_F16, 2, emb, NULL, -1,
+                     err)) < 0)
                 return r;
         for (uint32_t i = 0; i < sh->n_layers; i++) {
                 int L = (int) i;
 
                 snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight", L);
                 if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, norm, NULL, L, err)) < 0 ||
-                    (r = add_linear(s, w, L, "self_attn.q_proj", sh->hidden, q_dim, biases, err)) < 0 ||
-                    (r = add_linear(s, w, L, "self_attn.k_proj", sh->hidden, kv_dim, biases, err)) < 0 ||
-                    (r = add_linear(s, w, L, "self_attn.v_proj", sh->hidden, kv_dim, biases, err)) < 0 ||
-                    (r = add_linear(s, w, L, "self_attn.o_proj", q_dim, sh->hidden, false, err)) < 0)
+                        (r = add_linear(s, w, L, "self_attn.q_proj", sh->hidden, q_dim, biases,
+                                 err)) < 0 ||
+                        (r = add_linear(s, w, L, "self_attn.k_proj", sh->hidden, kv_dim, biases,
+                                 err)) < 0 ||
+                        (r = add_linear(s, w, L, "self_attn.v_proj", sh->hidden, kv_dim, biases,
+                                 err)) < 0 ||
+                        (r = add_linear(
+                                 s, w, L, "self_attn.o_proj", q_dim, sh->hidden, false, err)) < 0)
                         return r;
                 snprintf(name, sizeof(name), "model.layers.%d.post_attention_layernorm.weight", L);
                 if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, norm, NULL, -1, err)) < 0 ||
-                    (r = add_linear(s, w, L, "mlp.gate_proj", sh->hidden, sh->intermediate, false, err)) < 0 ||
-                    (r = add_linear(s, w, L, "mlp.up_proj", sh->hidden, sh->intermediate, false, err)) < 0 ||
-                    (r = add_linear(s, w, L, "mlp.down_proj", sh->intermediate, sh->hidden, false, err)) < 0)
+                        (r = add_linear(s, w, L, "mlp.gate_proj", sh->hidden, sh->intermediate,
+                                 false, err)) < 0 ||
+                        (r = add_linear(s, w, L, "mlp.up_proj", sh->hidden, sh->intermediate, false,
+                                 err)) < 0 ||
+                        (r = add_linear(s, w, L, "mlp.down_proj", sh->intermediate, sh->hidden,
+                                 false, err)) < 0)
                         return r;
         }
         if ((r = add(s, w, "model.norm.weight", SYN_ONES, ST_F16, 1, norm, NULL, -1, err)) < 0)
                 return r;
-        if (!sh->tied && (r = add(s, w, "lm_head.weight", SYN_NORMAL, ST_F16, 2, emb, NULL, -1, err)) < 0)
+        if (!sh->tied &&
+                (r = add(s, w, "lm_head.weight", SYN_NORMAL, ST_F16, 2, emb, NULL, -1, err)) < 0)
                 return r;
 
         return st_writer_write(w, path, err);
@@ -354,14 +372,15 @@ static int json_u32(const cJSON *j, const char *key, bool required, uint32_t def
                 return 0;
         }
         if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > UINT32_MAX ||
-            v->valuedouble != floor(v->valuedouble))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: \"%s\" is not a positive integer", path, key);
+                v->valuedouble != floor(v->valuedouble))
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: \"%s\" is not a positive integer", path, key);
         *ret = (uint32_t) v->valuedouble;
         return 0;
 }
 
-static int json_double(const cJSON *j, const char *key, double def, double *ret, const char *path,
-        DsError *err)
+static int json_double(
+        const cJSON *j, const char *key, double def, double *ret, const char *path, DsError *err)
 {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
 
@@ -370,7 +389,8 @@ static int json_double(const cJSON *j, const char *key, double def, double *ret,
                 return 0;
         }
         if (!cJSON_IsNumber(v) || !(v->valuedouble > 0))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: \"%s\" is not a positive number", path, key);
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: \"%s\" is not a positive number", path, key);
         *ret = v->valuedouble;
         return 0;
 }
@@ -379,7 +399,7 @@ static int shape_from_config(const char *path, SynthShape *ret, DsError *err)
 {
         _cleanup_free_ char *text = NULL;
         _cleanup_(cJSON_Deletep) cJSON *j = NULL;
-        SynthShape sh = { .name = path };
+        SynthShape sh = {.name = path};
         size_t len = 0;
         FILE *f = fopen(path, "re");
         int r;
@@ -394,7 +414,8 @@ static int shape_from_config(const char *path, SynthShape *ret, DsError *err)
         if (!cJSON_IsObject(j))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", path);
 
-        const cJSON *arch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
+        const cJSON *arch =
+                cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "architectures"), 0);
         if (!cJSON_IsString(arch))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: \"architectures\" is missing", path);
         if (!strcmp(arch->valuestring, "Qwen2ForCausalLM"))
@@ -404,21 +425,25 @@ static int shape_from_config(const char *path, SynthShape *ret, DsError *err)
         else
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "%s: architecture %s cannot be synthesized (Qwen2ForCausalLM or "
-                        "LlamaForCausalLM)", path, arch->valuestring);
+                        "LlamaForCausalLM)",
+                        path, arch->valuestring);
 
         const cJSON *qc = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
         const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
         if ((r = json_u32(j, "hidden_size", true, 0, &sh.hidden, path, err)) < 0 ||
-            (r = json_u32(j, "intermediate_size", true, 0, &sh.intermediate, path, err)) < 0 ||
-            (r = json_u32(j, "num_hidden_layers", true, 0, &sh.n_layers, path, err)) < 0 ||
-            (r = json_u32(j, "num_attention_heads", true, 0, &sh.n_heads, path, err)) < 0 ||
-            (r = json_u32(j, "num_key_value_heads", false, sh.n_heads, &sh.n_kv_heads, path, err)) < 0 ||
-            (r = json_u32(j, "head_dim", false, sh.hidden / sh.n_heads, &sh.head_dim, path, err)) < 0 ||
-            (r = json_u32(j, "vocab_size", true, 0, &sh.vocab, path, err)) < 0 ||
-            (r = json_u32(j, "max_position_embeddings", false, 2048, &sh.max_pos, path, err)) < 0 ||
-            (r = json_u32(qc, "group_size", false, 128, &sh.group_size, path, err)) < 0 ||
-            (r = json_double(j, "rope_theta", 10000.0, &sh.rope_theta, path, err)) < 0 ||
-            (r = json_double(j, "rms_norm_eps", 1e-6, &sh.rms_eps, path, err)) < 0)
+                (r = json_u32(j, "intermediate_size", true, 0, &sh.intermediate, path, err)) < 0 ||
+                (r = json_u32(j, "num_hidden_layers", true, 0, &sh.n_layers, path, err)) < 0 ||
+                (r = json_u32(j, "num_attention_heads", true, 0, &sh.n_heads, path, err)) < 0 ||
+                (r = json_u32(j, "num_key_value_heads", false, sh.n_heads, &sh.n_kv_heads, path,
+                         err)) < 0 ||
+                (r = json_u32(j, "head_dim", false, sh.hidden / sh.n_heads, &sh.head_dim, path,
+                         err)) < 0 ||
+                (r = json_u32(j, "vocab_size", true, 0, &sh.vocab, path, err)) < 0 ||
+                (r = json_u32(j, "max_position_embeddings", false, 2048, &sh.max_pos, path, err)) <
+                        0 ||
+                (r = json_u32(qc, "group_size", false, 128, &sh.group_size, path, err)) < 0 ||
+                (r = json_double(j, "rope_theta", 10000.0, &sh.rope_theta, path, err)) < 0 ||
+                (r = json_double(j, "rms_norm_eps", 1e-6, &sh.rms_eps, path, err)) < 0)
                 return r;
         sh.tied = cJSON_IsTrue(tie);
         *ret = sh;
@@ -432,25 +457,29 @@ static int shape_check(const SynthShape *sh, DsError *err)
 
         /* Bounds that keep every size product below 2^64 and every dimension in uint32. */
         if (sh->hidden > (1u << 20) || sh->intermediate > (1u << 20) || sh->n_layers > 1024 ||
-            sh->vocab > (1u << 22) || q_dim > (1u << 20) || sh->head_dim == 0)
+                sh->vocab > (1u << 22) || q_dim > (1u << 20) || sh->head_dim == 0)
                 return ds_error(err, -EINVAL, "%s: dimensions too large to synthesize", sh->name);
         if (sh->n_kv_heads > sh->n_heads || sh->n_heads % sh->n_kv_heads != 0)
                 return ds_error(err, -EINVAL, "%s: %u heads cannot share %u kv heads", sh->name,
                         sh->n_heads, sh->n_kv_heads);
-        if (sh->hidden % sh->group_size || q_dim % sh->group_size || sh->intermediate % sh->group_size)
+        if (sh->hidden % sh->group_size || q_dim % sh->group_size ||
+                sh->intermediate % sh->group_size)
                 return ds_error(err, -EINVAL,
-                        "%s: group size %u does not divide the inputs of every linear (%u, %" PRIu64 ", %u)",
+                        "%s: group size %u does not divide the inputs of every linear (%u, %" PRIu64
+                        ", %u)",
                         sh->name, sh->group_size, sh->hidden, q_dim, sh->intermediate);
         if (sh->hidden % 8 || q_dim % 8 || kv_dim % 8 || sh->intermediate % 8)
-                return ds_error(err, -EINVAL, "%s: every linear's output count must be a multiple of 8",
-                        sh->name);
+                return ds_error(err, -EINVAL,
+                        "%s: every linear's output count must be a multiple of 8", sh->name);
         if (sh->vocab < SYNTH_TOKENIZER_MIN_VOCAB)
-                return ds_error(err, -EINVAL, "%s: vocab_size %u is below the %u the tokenizer needs",
-                        sh->name, sh->vocab, SYNTH_TOKENIZER_MIN_VOCAB);
+                return ds_error(err, -EINVAL,
+                        "%s: vocab_size %u is below the %u the tokenizer needs", sh->name,
+                        sh->vocab, SYNTH_TOKENIZER_MIN_VOCAB);
         return 0;
 }
 
-static int write_config(const SynthShape *sh, const SynthTokens *tok, const char *outdir, DsError *err)
+static int write_config(
+        const SynthShape *sh, const SynthTokens *tok, const char *outdir, DsError *err)
 {
         _cleanup_(cJSON_Deletep) cJSON *j = cJSON_CreateObject();
         bool qwen2 = !strcmp(sh->arch, "Qwen2ForCausalLM");
@@ -489,10 +518,11 @@ static int write_config(const SynthShape *sh, const SynthTokens *tok, const char
 
         cJSON *qc = ok ? cJSON_AddObjectToObject(j, "quantization_config") : NULL;
         ok = qc && cJSON_AddStringToObject(qc, "quant_method", "awq") &&
-                cJSON_AddNumberToObject(qc, "bits", 4) &&
-                cJSON_AddNumberToObject(qc, "group_size", sh->group_size) &&
-                cJSON_AddTrueToObject(qc, "zero_point") && cJSON_AddStringToObject(qc, "version", "gemm") &&
-                cJSON_AddNullToObject(qc, "modules_to_not_convert");
+             cJSON_AddNumberToObject(qc, "bits", 4) &&
+             cJSON_AddNumberToObject(qc, "group_size", sh->group_size) &&
+             cJSON_AddTrueToObject(qc, "zero_point") &&
+             cJSON_AddStringToObject(qc, "version", "gemm") &&
+             cJSON_AddNullToObject(qc, "modules_to_not_convert");
         /* Marks the weights as random, for tools and for people reading the file. */
         ok = ok && cJSON_AddTrueToObject(j, "_dsd_synthetic");
         /* A string: seeds go up to 2^64, beyond what a JSON number holds exactly. */
@@ -512,7 +542,8 @@ static int write_readme(const SynthShape *sh, const char *outdir, DsError *err)
                 "\n"
                 "Written by `dsquant synth`. The weights are random: the layout is that of a real\n"
                 "AutoAWQ INT4 (GEMM, group size %u) %s checkpoint, but the text this model\n"
-                "produces is meaningless. The tokenizer is a small synthetic byte-level BPE with the\n"
+                "produces is meaningless. The tokenizer is a small synthetic byte-level BPE with "
+                "the\n"
                 "ChatML special tokens. Use it for tests and benchmarks only.\n",
                 sh->name, arg_seed, sh->group_size, sh->arch);
 
@@ -528,24 +559,32 @@ static void help(FILE *out)
         fprintf(out,
                 "Usage: dsquant synth (--shape NAME | --config FILE) OUTDIR [--seed S]\n"
                 "\n"
-                "Writes a synthetic AWQ INT4 checkpoint into OUTDIR (created if missing): config.json\n"
+                "Writes a synthetic AWQ INT4 checkpoint into OUTDIR (created if missing): "
+                "config.json\n"
                 "(with quantization_config awq/4 bits/gemm and \"_dsd_synthetic\": true),\n"
-                "model.safetensors (FP16 embeddings, norms, biases and lm_head; qweight, qzeros and\n"
+                "model.safetensors (FP16 embeddings, norms, biases and lm_head; qweight, qzeros "
+                "and\n"
                 "scales for every decoder linear), tokenizer.json, tokenizer_config.json (a small\n"
-                "byte-level BPE with <|endoftext|>, <|im_start|>, <|im_end|> and a ChatML template)\n"
+                "byte-level BPE with <|endoftext|>, <|im_start|>, <|im_end|> and a ChatML "
+                "template)\n"
                 "and README.md. The weights are random, so the model's text is meaningless; the\n"
                 "layout and the cost of running it are those of a real model.\n"
                 "\n"
                 "The same shape and seed give byte-identical files. Checkpoints with up to 64M\n"
-                "quantized weights are random float matrices quantized by round-to-nearest; larger\n"
+                "quantized weights are random float matrices quantized by round-to-nearest; "
+                "larger\n"
                 "ones get random packed weights and scales directly, for speed. Large shapes are\n"
                 "generated while they are written, so memory use stays small.\n"
                 "\n"
                 "Options:\n"
-                "  --shape NAME    tiny       Qwen2, hidden 256, 2 layers, vocab 512 (the default model)\n"
-                "                  qwen2-7b   DeepSeek-R1-Distill-Qwen-7B dimensions (about 5.5 GB)\n"
-                "                  qwen2-32b  DeepSeek-R1-Distill-Qwen-32B dimensions (about 19 GB)\n"
-                "  --config FILE   a Hugging Face config.json (Qwen2ForCausalLM or LlamaForCausalLM)\n"
+                "  --shape NAME    tiny       Qwen2, hidden 256, 2 layers, vocab 512 (the default "
+                "model)\n"
+                "                  qwen2-7b   DeepSeek-R1-Distill-Qwen-7B dimensions (about 5.5 "
+                "GB)\n"
+                "                  qwen2-32b  DeepSeek-R1-Distill-Qwen-32B dimensions (about 19 "
+                "GB)\n"
+                "  --config FILE   a Hugging Face config.json (Qwen2ForCausalLM or "
+                "LlamaForCausalLM)\n"
                 "                  giving the dimensions; group size from its quantization_config\n"
                 "  --seed S        the random seed (default 1)\n"
                 "  -h, --help      show this help\n");
@@ -554,14 +593,14 @@ static void help(FILE *out)
 int cmd_synth(int argc, char **argv)
 {
         static const struct option options[] = {
-                { "shape", required_argument, NULL, 's' },
-                { "config", required_argument, NULL, 'c' },
-                { "seed", required_argument, NULL, 'S' },
-                { "help", no_argument, NULL, 'h' },
+                {"shape", required_argument, NULL, 's'},
+                {"config", required_argument, NULL, 'c'},
+                {"seed", required_argument, NULL, 'S'},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
-        _cleanup_(synth_done) Synth s = { 0 };
-        DsError err = { 0 };
+        _cleanup_(synth_done) Synth s = {0};
+        DsError err = {0};
         SynthTokens tok;
         char *end;
         int c, r;
@@ -606,7 +645,8 @@ int cmd_synth(int argc, char **argv)
                         if (!strcmp(arg_shape, SHAPES[i].name))
                                 break;
                 if (i == ELEMENTSOF(SHAPES)) {
-                        log_error("synth: unknown --shape '%s' (tiny, qwen2-7b, qwen2-32b)", arg_shape);
+                        log_error("synth: unknown --shape '%s' (tiny, qwen2-7b, qwen2-32b)",
+                                arg_shape);
                         return EXIT_FAILURE;
                 }
                 s.shape = SHAPES[i];
@@ -631,8 +671,10 @@ int cmd_synth(int argc, char **argv)
                 return EXIT_FAILURE;
         }
 
-        log_info("wrote %s: synthetic %s (%s), %u layers, %zu tensors, %" PRIu64 " bytes of weights, "
+        log_info("wrote %s: synthetic %s (%s), %u layers, %zu tensors, %" PRIu64
+                 " bytes of weights, "
                  "seed %" PRIu64 "; the weights are random",
-                outdir, s.shape.arch, s.shape.name, s.shape.n_layers, s.n_tensors, s.total_bytes, arg_seed);
+                outdir, s.shape.arch, s.shape.name, s.shape.n_layers, s.n_tensors, s.total_bytes,
+                arg_seed);
         return EXIT_SUCCESS;
 }

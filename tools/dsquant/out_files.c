@@ -15,7 +15,8 @@ int out_dir_prepare(const char *dir, DsError *err)
         if (mkdir(dir, 0755) == 0)
                 return 0;
         if (errno != EEXIST)
-                return ds_error(err, -errno, "%s: cannot create directory: %s", dir, strerror(errno));
+                return ds_error(
+                        err, -errno, "%s: cannot create directory: %s", dir, strerror(errno));
         if (stat(dir, &st) < 0)
                 return ds_error(err, -errno, "%s: %s", dir, strerror(errno));
         if (!S_ISDIR(st.st_mode))

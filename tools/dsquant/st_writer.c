@@ -19,15 +19,15 @@ typedef struct StEntry {
         uint32_t n_dims;
         uint64_t shape[ST_MAX_DIMS];
         uint64_t n_bytes;
-        void *data;        /* owned copy, or NULL when fill produces the bytes */
+        void *data; /* owned copy, or NULL when fill produces the bytes */
         StFillFn fill;
         void *userdata;
 } StEntry;
 
 struct StWriter {
-        StEntry *entries;  /* in the order added, which is the order in the file */
+        StEntry *entries; /* in the order added, which is the order in the file */
         size_t n, cap;
-        cJSON *metadata;   /* NULL until the first st_writer_add_metadata() */
+        cJSON *metadata; /* NULL until the first st_writer_add_metadata() */
 };
 
 int st_writer_new(StWriter **ret)
@@ -85,7 +85,7 @@ static int entry_append(StWriter *w, const char *name, StDtype dtype, uint32_t n
                 return -ENOMEM;
 
         StEntry *e = &w->entries[w->n++];
-        *e = (StEntry) { .name = copy, .dtype = dtype, .n_dims = n_dims, .n_bytes = n_bytes };
+        *e = (StEntry){.name = copy, .dtype = dtype, .n_dims = n_dims, .n_bytes = n_bytes};
         if (n_dims)
                 memcpy(e->shape, shape, n_dims * sizeof(*shape));
         *ret = e;

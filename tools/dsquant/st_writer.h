@@ -16,8 +16,7 @@ typedef struct StWriter StWriter;
  * writer asks for each tensor's bytes in order, in chunks of at most ST_WRITER_CHUNK
  * bytes that start at multiples of the dtype size, so a generator can stream tensors far
  * larger than memory. Returns 0 or a negative code with a message in err. */
-typedef int (*StFillFn)(void *userdata, uint64_t offset, void *buf, size_t n_bytes,
-        DsError *err);
+typedef int (*StFillFn)(void *userdata, uint64_t offset, void *buf, size_t n_bytes, DsError *err);
 
 #define ST_WRITER_CHUNK ((size_t) 8 << 20)
 

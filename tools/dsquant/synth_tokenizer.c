@@ -8,6 +8,7 @@
 #include "synth_tokenizer.h"
 
 /* Qwen2's pre-tokenizer pattern, copied from shared/tokenizers/qwen/tokenizer.json. */
+/* clang-format off */
 static const char QWEN2_SPLIT[] =
         "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
         "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
@@ -37,6 +38,7 @@ static const char *const WORDS[] = {
         "played", "asked", "smiled", "together", "always", "loved", "every", "something",
         "answer", "question", "number", "system", "user", "assistant",
 };
+/* clang-format on */
 
 /* GPT-2's bytes_to_unicode(): printable Latin-1 bytes stand for themselves, the other 68
  * map to U+0100 upwards in ascending order. Ids follow the same order as Qwen's vocab:
@@ -70,7 +72,7 @@ static void utf8_put(char out[static 3], unsigned cp)
 }
 
 typedef struct Vocab {
-        char **tokens;      /* id -> byte-level string */
+        char **tokens; /* id -> byte-level string */
         uint32_t n, cap;
         uint32_t (*merges)[2]; /* rank -> the ids of the pair */
         uint32_t n_merges;
@@ -101,7 +103,7 @@ static int vocab_add(Vocab *v, const char *s, uint32_t left, uint32_t right)
                 if (!t)
                         return -ENOMEM;
                 v->tokens = t;
-                uint32_t (*m)[2] = reallocarray(v->merges, cap, sizeof(*m));
+                uint32_t(*m)[2] = reallocarray(v->merges, cap, sizeof(*m));
                 if (!m)
                         return -ENOMEM;
                 v->merges = m;
@@ -134,7 +136,8 @@ static int add_word_merges(Vocab *v, const char *word, uint32_t max_merges)
 
                 int id = vocab_find(v, joined);
                 if (id < 0) {
-                        int r = vocab_add(v, joined, (uint32_t) prefix, (uint32_t) vocab_find(v, sym));
+                        int r = vocab_add(
+                                v, joined, (uint32_t) prefix, (uint32_t) vocab_find(v, sym));
                         if (r < 0)
                                 return r;
                         id = (int) v->n - 1;
@@ -153,8 +156,9 @@ static cJSON *add_byte_level(cJSON *parent, const char *key)
                 return NULL;
         }
         if (!j || !cJSON_AddStringToObject(j, "type", "ByteLevel") ||
-            !cJSON_AddFalseToObject(j, "add_prefix_space") || !cJSON_AddFalseToObject(j, "trim_offsets") ||
-            !cJSON_AddFalseToObject(j, "use_regex"))
+                !cJSON_AddFalseToObject(j, "add_prefix_space") ||
+                !cJSON_AddFalseToObject(j, "trim_offsets") ||
+                !cJSON_AddFalseToObject(j, "use_regex"))
                 return NULL;
         return j;
 }
@@ -167,10 +171,11 @@ static bool add_special(cJSON *added, int32_t id, const char *content)
                 cJSON_Delete(t);
                 return false;
         }
-        return cJSON_AddNumberToObject(t, "id", id) && cJSON_AddStringToObject(t, "content", content) &&
-                cJSON_AddFalseToObject(t, "single_word") && cJSON_AddFalseToObject(t, "lstrip") &&
-                cJSON_AddFalseToObject(t, "rstrip") && cJSON_AddFalseToObject(t, "normalized") &&
-                cJSON_AddTrueToObject(t, "special");
+        return cJSON_AddNumberToObject(t, "id", id) &&
+               cJSON_AddStringToObject(t, "content", content) &&
+               cJSON_AddFalseToObject(t, "single_word") && cJSON_AddFalseToObject(t, "lstrip") &&
+               cJSON_AddFalseToObject(t, "rstrip") && cJSON_AddFalseToObject(t, "normalized") &&
+               cJSON_AddTrueToObject(t, "special");
 }
 
 static bool add_pair(cJSON *merges, const char *a, const char *b)
@@ -190,7 +195,7 @@ static bool add_pair(cJSON *merges, const char *a, const char *b)
         return ok;
 }
 
-static const char *const SPECIALS[] = { "<|endoftext|>", "<|im_start|>", "<|im_end|>" };
+static const char *const SPECIALS[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 
 static int build_vocab(uint32_t max_vocab, Vocab *v)
 {
@@ -216,10 +221,13 @@ static int build_vocab(uint32_t max_vocab, Vocab *v)
 static int build_tokenizer_json(const Vocab *v, cJSON **ret, SynthTokens *ret_tokens)
 {
         _cleanup_(cJSON_Deletep) cJSON *root = cJSON_CreateObject();
-        SynthTokens tok = { .n_vocab = v->n + 3, .endoftext = (int32_t) v->n,
-                .im_start = (int32_t) v->n + 1, .im_end = (int32_t) v->n + 2 };
+        SynthTokens tok = {.n_vocab = v->n + 3,
+                .endoftext = (int32_t) v->n,
+                .im_start = (int32_t) v->n + 1,
+                .im_end = (int32_t) v->n + 2};
         bool ok = root && cJSON_AddStringToObject(root, "version", "1.0") &&
-                cJSON_AddNullToObject(root, "truncation") && cJSON_AddNullToObject(root, "padding");
+                  cJSON_AddNullToObject(root, "truncation") &&
+                  cJSON_AddNullToObject(root, "padding");
 
         cJSON *added = ok ? cJSON_AddArrayToObject(root, "added_tokens") : NULL;
         ok = added;
@@ -228,27 +236,30 @@ static int build_tokenizer_json(const Vocab *v, cJSON **ret, SynthTokens *ret_to
         ok = ok && cJSON_AddNullToObject(root, "normalizer");
 
         cJSON *pre = ok ? cJSON_AddObjectToObject(root, "pre_tokenizer") : NULL;
-        cJSON *seq = pre && cJSON_AddStringToObject(pre, "type", "Sequence") ?
-                cJSON_AddArrayToObject(pre, "pretokenizers") : NULL;
+        cJSON *seq = pre && cJSON_AddStringToObject(pre, "type", "Sequence")
+                             ? cJSON_AddArrayToObject(pre, "pretokenizers")
+                             : NULL;
         cJSON *split = seq ? cJSON_CreateObject() : NULL;
         if (split && !cJSON_AddItemToArray(seq, split)) {
                 cJSON_Delete(split);
                 split = NULL;
         }
-        cJSON *pattern = split && cJSON_AddStringToObject(split, "type", "Split") ?
-                cJSON_AddObjectToObject(split, "pattern") : NULL;
+        cJSON *pattern = split && cJSON_AddStringToObject(split, "type", "Split")
+                                 ? cJSON_AddObjectToObject(split, "pattern")
+                                 : NULL;
         ok = pattern && cJSON_AddStringToObject(pattern, "Regex", QWEN2_SPLIT) &&
-                cJSON_AddStringToObject(split, "behavior", "Isolated") &&
-                cJSON_AddFalseToObject(split, "invert") && add_byte_level(seq, NULL) &&
-                add_byte_level(root, "post_processor") && add_byte_level(root, "decoder");
+             cJSON_AddStringToObject(split, "behavior", "Isolated") &&
+             cJSON_AddFalseToObject(split, "invert") && add_byte_level(seq, NULL) &&
+             add_byte_level(root, "post_processor") && add_byte_level(root, "decoder");
 
         cJSON *model = ok ? cJSON_AddObjectToObject(root, "model") : NULL;
-        ok = model && cJSON_AddStringToObject(model, "type", "BPE") && cJSON_AddNullToObject(model, "dropout") &&
-                cJSON_AddNullToObject(model, "unk_token") &&
-                cJSON_AddStringToObject(model, "continuing_subword_prefix", "") &&
-                cJSON_AddStringToObject(model, "end_of_word_suffix", "") &&
-                cJSON_AddFalseToObject(model, "fuse_unk") && cJSON_AddFalseToObject(model, "byte_fallback") &&
-                cJSON_AddFalseToObject(model, "ignore_merges");
+        ok = model && cJSON_AddStringToObject(model, "type", "BPE") &&
+             cJSON_AddNullToObject(model, "dropout") && cJSON_AddNullToObject(model, "unk_token") &&
+             cJSON_AddStringToObject(model, "continuing_subword_prefix", "") &&
+             cJSON_AddStringToObject(model, "end_of_word_suffix", "") &&
+             cJSON_AddFalseToObject(model, "fuse_unk") &&
+             cJSON_AddFalseToObject(model, "byte_fallback") &&
+             cJSON_AddFalseToObject(model, "ignore_merges");
 
         cJSON *vocab = ok ? cJSON_AddObjectToObject(model, "vocab") : NULL;
         ok = vocab;
@@ -277,22 +288,24 @@ static int build_tokenizer_config(const SynthTokens *tok, cJSON **ret)
                 snprintf(id, sizeof(id), "%d", tok->endoftext + i);
                 cJSON *t = cJSON_AddObjectToObject(dec, id);
                 ok = t && cJSON_AddStringToObject(t, "content", SPECIALS[i]) &&
-                        cJSON_AddFalseToObject(t, "lstrip") && cJSON_AddFalseToObject(t, "normalized") &&
-                        cJSON_AddFalseToObject(t, "rstrip") && cJSON_AddFalseToObject(t, "single_word") &&
-                        cJSON_AddTrueToObject(t, "special");
+                     cJSON_AddFalseToObject(t, "lstrip") &&
+                     cJSON_AddFalseToObject(t, "normalized") &&
+                     cJSON_AddFalseToObject(t, "rstrip") &&
+                     cJSON_AddFalseToObject(t, "single_word") &&
+                     cJSON_AddTrueToObject(t, "special");
         }
         ok = ok && cJSON_AddFalseToObject(j, "add_bos_token") &&
-                cJSON_AddFalseToObject(j, "add_prefix_space") &&
-                cJSON_AddStringToObject(j, "bos_token", "<|endoftext|>") &&
-                cJSON_AddStringToObject(j, "eos_token", "<|endoftext|>") &&
-                cJSON_AddStringToObject(j, "pad_token", "<|endoftext|>") &&
-                cJSON_AddStringToObject(j, "chat_template", CHATML_TEMPLATE) &&
-                cJSON_AddNumberToObject(j, "model_max_length", 32768) &&
-                cJSON_AddStringToObject(j, "tokenizer_class", "Qwen2Tokenizer") &&
-                cJSON_AddTrueToObject(j, "_dsd_synthetic") &&
-                cJSON_AddStringToObject(j, "_dsd_note",
-                        "synthetic tokenizer made by dsquant synth: 256 byte symbols plus merges of "
-                        "a few common English words; the model's weights are random");
+             cJSON_AddFalseToObject(j, "add_prefix_space") &&
+             cJSON_AddStringToObject(j, "bos_token", "<|endoftext|>") &&
+             cJSON_AddStringToObject(j, "eos_token", "<|endoftext|>") &&
+             cJSON_AddStringToObject(j, "pad_token", "<|endoftext|>") &&
+             cJSON_AddStringToObject(j, "chat_template", CHATML_TEMPLATE) &&
+             cJSON_AddNumberToObject(j, "model_max_length", 32768) &&
+             cJSON_AddStringToObject(j, "tokenizer_class", "Qwen2Tokenizer") &&
+             cJSON_AddTrueToObject(j, "_dsd_synthetic") &&
+             cJSON_AddStringToObject(j, "_dsd_note",
+                     "synthetic tokenizer made by dsquant synth: 256 byte symbols plus merges of "
+                     "a few common English words; the model's weights are random");
         if (!ok)
                 return -ENOMEM;
         *ret = TAKE_PTR(j);
@@ -303,13 +316,15 @@ int synth_tokenizer_write(const char *outdir, uint32_t max_vocab, SynthTokens *r
 {
         _cleanup_(cJSON_Deletep) cJSON *tj = NULL;
         _cleanup_(cJSON_Deletep) cJSON *tc = NULL;
-        _cleanup_(vocab_done) Vocab v = { 0 };
+        _cleanup_(vocab_done) Vocab v = {0};
         SynthTokens tok;
         int r;
 
         if (max_vocab < SYNTH_TOKENIZER_MIN_VOCAB)
-                return ds_error(err, -EINVAL, "a vocabulary of %u is smaller than the %u ids the "
-                        "synthetic tokenizer needs", max_vocab, SYNTH_TOKENIZER_MIN_VOCAB);
+                return ds_error(err, -EINVAL,
+                        "a vocabulary of %u is smaller than the %u ids the "
+                        "synthetic tokenizer needs",
+                        max_vocab, SYNTH_TOKENIZER_MIN_VOCAB);
 
         r = build_vocab(max_vocab, &v);
         if (r >= 0)

@@ -10,8 +10,8 @@
 #include "error.h"
 
 typedef struct SynthTokens {
-        uint32_t n_vocab;     /* highest id + 1 */
-        int32_t endoftext;    /* <|endoftext|>: BOS and EOS */
+        uint32_t n_vocab;  /* highest id + 1 */
+        int32_t endoftext; /* <|endoftext|>: BOS and EOS */
         int32_t im_start;
         int32_t im_end;
 } SynthTokens;
