@@ -145,6 +145,11 @@ def main():
         p = run([dsquant, "convert", "--from", "llama2c", huge, tok, os.path.join(tmp, "o3")], expect_ok=False)
         check(huge in p.stderr, "overflowing header message: %r" % p.stderr)
 
+        notok = os.path.join(tmp, "missing-tok.bin")
+        p = run([dsquant, "convert", "--from", "llama2c", ckpt, notok, os.path.join(tmp, "o6")], expect_ok=False)
+        check(notok in p.stderr, "missing tokenizer message: %r" % p.stderr)
+        check(not os.path.exists(os.path.join(tmp, "o6")), "output written with a missing tokenizer")
+
         p = run([dsquant, "convert", "--from", "gguf", ckpt, tok, os.path.join(tmp, "o4")], expect_ok=False)
         check("--from" in p.stderr and "gguf" in p.stderr, "bad --from message: %r" % p.stderr)
         p = run([dsquant, "convert", ckpt, tok, os.path.join(tmp, "o5")], expect_ok=False)

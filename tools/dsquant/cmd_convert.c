@@ -352,17 +352,6 @@ static int write_tokenizer_config(const char *outdir, DsError *err)
         return out_write_json(outdir, "tokenizer_config.json", j, err);
 }
 
-static int write_tokenizer(
-        const char *tokenizer_bin, uint32_t vocab, const char *outdir, DsError *err)
-{
-        _cleanup_free_ char *json = NULL;
-        int r = tokenizer_json_from_llama2c(tokenizer_bin, vocab, &json, err);
-
-        if (r < 0)
-                return r;
-        return out_write_text(outdir, "tokenizer.json", json, strlen(json), err);
-}
-
 // --- the command
 
 static void help(FILE *out)
@@ -402,6 +391,7 @@ int cmd_convert(int argc, char **argv)
                 {},
         };
         _cleanup_(l2c_file_close) L2cFile f = {0};
+        _cleanup_free_ char *tok_json = NULL;
         DsError err = {0};
         int c, r;
 
@@ -435,7 +425,11 @@ int cmd_convert(int argc, char **argv)
 
         const char *ckpt = argv[optind], *tok = argv[optind + 1], *outdir = argv[optind + 2];
 
+        /* Both inputs are read and checked before anything is written, so that a bad
+         * tokenizer does not leave a half-converted directory behind. */
         r = l2c_open(ckpt, &f, &err);
+        if (r >= 0)
+                r = tokenizer_json_from_llama2c(tok, (uint32_t) f.lay.vocab, &tok_json, &err);
         if (r >= 0)
                 r = out_dir_prepare(outdir, &err);
         if (r >= 0)
@@ -443,7 +437,7 @@ int cmd_convert(int argc, char **argv)
         if (r >= 0)
                 r = write_config(&f, outdir, &err);
         if (r >= 0)
-                r = write_tokenizer(tok, (uint32_t) f.lay.vocab, outdir, &err);
+                r = out_write_text(outdir, "tokenizer.json", tok_json, strlen(tok_json), &err);
         if (r >= 0)
                 r = write_tokenizer_config(outdir, &err);
         if (r < 0) {
