@@ -477,8 +477,9 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
                         i, seq->n_blocks, (unsigned long long) end);
         for (uint64_t k = 0; k < blocks_needed; k++)
                 if (seq->blocks[k] >= b->kv.n_blocks)
-                        return ds_error(err, -EINVAL, "cpu backend: sequence %u: KV block %u of %u",
-                                i, seq->blocks[k], b->kv.n_blocks);
+                        return ds_error(err, -EINVAL,
+                                "cpu backend: sequence %u: KV block id %u, the cache has %u", i,
+                                seq->blocks[k], b->kv.n_blocks);
         if (seq->sample && !seq->history && seq->n_history > 0)
                 return ds_error(err, -EINVAL, "cpu backend: sequence %u: history missing", i);
         return 0;
