@@ -47,8 +47,10 @@ static int lossy_drain(TokBuf *pending, TokBuf *out, bool final)
                 } else
                         break;
         }
-        memmove(pending->p, pending->p + i, pending->n - i);
-        pending->n -= i;
+        if (i) {
+                memmove(pending->p, pending->p + i, pending->n - i);
+                pending->n -= i;
+        }
         return r;
 }
 
