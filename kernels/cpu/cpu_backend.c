@@ -59,8 +59,8 @@ typedef struct RunState {
         Row rows[TILE_ROWS];
 } RunState;
 
+/* BkOptions.threads is accepted and not used: every kernel runs on the calling thread. */
 struct Backend {
-        uint32_t threads;
         const BkModel *model; /* config and weights, owned by the caller; NULL until load */
         RunState s;
         KvCache kv;
@@ -379,7 +379,6 @@ static int cpu_create(const BkOptions *opt, Backend **ret, DsError *err)
         b = calloc(1, sizeof(*b));
         if (!b)
                 return ds_error(err, -ENOMEM, "cpu backend: out of memory");
-        b->threads = opt && opt->threads > 0 ? opt->threads : 1;
         *ret = b;
         return 0;
 }
