@@ -1,4 +1,6 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kv_pool.h"
