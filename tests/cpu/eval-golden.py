@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """dsquant eval against transformers: runs `dsquant eval --ids` over a fixture's golden
-input ids and checks the logits file against golden_logits.f32 (rel err < 1e-4).
-Standard library only. Usage: eval-golden.py FIXTURE_DIR..."""
+input ids and checks the logits file against golden_logits.f32 (rel err < 1e-4). Then
+`dsquant eval --text` on a `dsquant synth` model must print a finite perplexity, in
+range for its random weights. Standard library only. Usage: eval-golden.py FIXTURE_DIR..."""
 import array
 import json
 import math
@@ -42,12 +43,31 @@ def check(dsquant, fixture, tmp):
     return err < TOLERANCE
 
 
+def check_text(dsquant, tmp):
+    model = os.path.join(tmp, "synth")
+    text = os.path.join(tmp, "text.txt")
+    subprocess.run([dsquant, "synth", "--shape", "tiny", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+    with open(text, "w") as f:
+        f.write("The quick brown fox jumps over the lazy dog. " * 4)
+    out = subprocess.run([dsquant, "eval", "--model", model, "--text", text], check=True,
+                         capture_output=True, text=True).stdout.split()
+    if len(out) != 5 or out[0] != "perplexity":
+        print(f"dsquant eval --text printed {out}")
+        return False
+    ppl = float(out[1])
+    print(f"synthetic tiny model: perplexity {ppl:.2f} over {out[3]} tokens, vocab {vocab}")
+    return math.isfinite(ppl) and 1.0 < ppl < 10 * vocab
+
+
 def main():
     dsquant = os.environ["DSQUANT"]
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for fixture in sys.argv[1:]:
             ok &= check(dsquant, fixture, tmp)
+        ok &= check_text(dsquant, tmp)
     return 0 if ok else 1
 
 
