@@ -8,7 +8,6 @@
  * Every row is computed with the same loops in the same order whichever tile it lands in,
  * which makes a sequence's logits bit-identical alone or in any batch, and for any split
  * of its prompt into chunks. */
-#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
