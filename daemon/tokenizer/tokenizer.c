@@ -859,10 +859,14 @@ static bool cp_is_space(int32_t c)
                 c == 0x205f || c == 0x3000;
 }
 
-/* char::is_alphanumeric() || '_', approximated by the letter and number categories. */
+/* Rust regex's Unicode \w, which single_word tests at both ends: Alphabetic, marks,
+ * decimal digits, connector punctuation and joiners. Alphabetic is taken as letters, Nl,
+ * and the enclosed Latin letters that Other_Alphabetic adds outside the marks. */
 static bool cp_is_word(int32_t c)
 {
-        if (c == '_')
+        if (c == 0x200c || c == 0x200d || (c >= 0x24b6 && c <= 0x24e9) ||
+                (c >= 0x1f130 && c <= 0x1f149) || (c >= 0x1f150 && c <= 0x1f169) ||
+                (c >= 0x1f170 && c <= 0x1f189))
                 return true;
         switch (utf8proc_category(c)) {
         case UTF8PROC_CATEGORY_LU:
@@ -870,9 +874,12 @@ static bool cp_is_word(int32_t c)
         case UTF8PROC_CATEGORY_LT:
         case UTF8PROC_CATEGORY_LM:
         case UTF8PROC_CATEGORY_LO:
+        case UTF8PROC_CATEGORY_MN:
+        case UTF8PROC_CATEGORY_MC:
+        case UTF8PROC_CATEGORY_ME:
         case UTF8PROC_CATEGORY_ND:
         case UTF8PROC_CATEGORY_NL:
-        case UTF8PROC_CATEGORY_NO:
+        case UTF8PROC_CATEGORY_PC:
                 return true;
         default:
                 return false;
