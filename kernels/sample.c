@@ -97,8 +97,8 @@ static void select_top_k(const float *val, int32_t *ids, uint32_t n, uint32_t k)
 
 /* val[0..vocab) holds the logits. Uses count[] as scratch and leaves it all zero for the
  * ids in history. */
-static void apply_penalties(float *val, uint32_t vocab, const BkSampling *s,
-        const int32_t *history, uint32_t n_history, int32_t *count)
+static void apply_penalties(float *val, uint32_t vocab, const BkSampling *s, const int32_t *history,
+        uint32_t n_history, int32_t *count)
 {
         /* Count occurrences, touching only the history's ids. */
         for (uint32_t i = 0; i < n_history; i++)
@@ -132,9 +132,8 @@ static int32_t argmax(const float *val, uint32_t vocab)
         return best;
 }
 
-int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s,
-        const int32_t *history, uint32_t n_history, uint64_t draw, float *scratch_f,
-        int32_t *scratch_i)
+int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, const int32_t *history,
+        uint32_t n_history, uint64_t draw, float *scratch_f, int32_t *scratch_i)
 {
         float *val = scratch_f;   /* (vocab) logits, then probabilities, indexed by id */
         int32_t *ids = scratch_i; /* (vocab) the candidates still in play */
@@ -183,8 +182,8 @@ int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s,
                  * of them together weigh less than 1 - top_p (llama2.c's sample_topp). The
                  * likeliest one, of probability 1 / sum, is always kept. */
                 if (!sorted) {
-                        float cutoff = fminf((1.0f - s->top_p) / (float) (n - 1),
-                                (float) (1.0 / sum));
+                        float cutoff =
+                                fminf((1.0f - s->top_p) / (float) (n - 1), (float) (1.0 / sum));
                         uint32_t kept = 0;
                         for (uint32_t j = 0; j < n; j++)
                                 if (val[ids[j]] >= cutoff)

@@ -23,10 +23,10 @@
 
 /* One token of the step: which sequence, where, and whether its logits are wanted. */
 typedef struct Row {
-        uint32_t seq;  /* index into the step's seqs */
-        uint32_t pos;  /* absolute position */
+        uint32_t seq; /* index into the step's seqs */
+        uint32_t pos; /* absolute position */
         int32_t token;
-        bool logits;   /* compute this row's logits (asked for, or sampled from) */
+        bool logits; /* compute this row's logits (asked for, or sampled from) */
 } Row;
 
 typedef struct KvCache {
@@ -38,23 +38,23 @@ typedef struct KvCache {
 
 /* Scratch reused by every step, sized at load for TILE_ROWS rows. */
 typedef struct RunState {
-        float *x;        /* (TILE_ROWS, hidden) the residual stream */
-        float *xb;       /* (TILE_ROWS, hidden) a sublayer's normed input or its output */
-        float *q;        /* (TILE_ROWS, n_heads * head_dim) */
-        float *k;        /* (TILE_ROWS, kv_dim) */
-        float *v;        /* (TILE_ROWS, kv_dim) */
-        float *att_out;  /* (TILE_ROWS, n_heads * head_dim) attention's weighted values */
-        float *hb;       /* (TILE_ROWS, intermediate) gate, then silu(gate) * up */
-        float *hb2;      /* (TILE_ROWS, intermediate) up */
-        float *att;      /* (max_positions) one head's scores for one row */
-        float *cos;      /* (TILE_ROWS, head_dim / 2) */
-        float *sin;      /* (TILE_ROWS, head_dim / 2) */
-        float *inv_freq; /* (head_dim / 2) rope frequencies, computed at load */
+        float *x;               /* (TILE_ROWS, hidden) the residual stream */
+        float *xb;              /* (TILE_ROWS, hidden) a sublayer's normed input or its output */
+        float *q;               /* (TILE_ROWS, n_heads * head_dim) */
+        float *k;               /* (TILE_ROWS, kv_dim) */
+        float *v;               /* (TILE_ROWS, kv_dim) */
+        float *att_out;         /* (TILE_ROWS, n_heads * head_dim) attention's weighted values */
+        float *hb;              /* (TILE_ROWS, intermediate) gate, then silu(gate) * up */
+        float *hb2;             /* (TILE_ROWS, intermediate) up */
+        float *att;             /* (max_positions) one head's scores for one row */
+        float *cos;             /* (TILE_ROWS, head_dim / 2) */
+        float *sin;             /* (TILE_ROWS, head_dim / 2) */
+        float *inv_freq;        /* (head_dim / 2) rope frequencies, computed at load */
         float attention_factor; /* multiplies cos and sin (yarn) */
-        float *logits;   /* (TILE_ROWS, vocab_size) the rows whose logits are wanted */
-        float *linear;   /* (largest cpu_linear_scratch_size) */
-        float *sample_f; /* (vocab_size) bk_sample scratch */
-        int32_t *sample_i; /* (vocab_size) bk_sample scratch */
+        float *logits;          /* (TILE_ROWS, vocab_size) the rows whose logits are wanted */
+        float *linear;          /* (largest cpu_linear_scratch_size) */
+        float *sample_f;        /* (vocab_size) bk_sample scratch */
+        int32_t *sample_i;      /* (vocab_size) bk_sample scratch */
         Row rows[TILE_ROWS];
 } RunState;
 
@@ -86,14 +86,14 @@ static void run_state_free(RunState *s)
         free(s->linear);
         free(s->sample_f);
         free(s->sample_i);
-        *s = (RunState) { 0 };
+        *s = (RunState){0};
 }
 
 static void kv_free(KvCache *kv)
 {
         free(kv->k);
         free(kv->v);
-        *kv = (KvCache) { 0 };
+        *kv = (KvCache){0};
 }
 
 static size_t linear_scratch_max(const BkModel *m)
@@ -102,7 +102,7 @@ static size_t linear_scratch_max(const BkModel *m)
 
         for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
-                const BkLinear *all[] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+                const BkLinear *all[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         n = MAX(n, cpu_linear_scratch_size(all[i]));
         }
@@ -180,13 +180,13 @@ static int model_check(const BkModel *m, DsError *err)
                         const char *name;
                         uint32_t in, out;
                 } lins[] = {
-                        { &L->q, "q_proj", c->hidden, q_dim },
-                        { &L->k, "k_proj", c->hidden, kv_dim },
-                        { &L->v, "v_proj", c->hidden, kv_dim },
-                        { &L->o, "o_proj", q_dim, c->hidden },
-                        { &L->gate, "gate_proj", c->hidden, c->intermediate },
-                        { &L->up, "up_proj", c->hidden, c->intermediate },
-                        { &L->down, "down_proj", c->intermediate, c->hidden },
+                        {&L->q, "q_proj", c->hidden, q_dim},
+                        {&L->k, "k_proj", c->hidden, kv_dim},
+                        {&L->v, "v_proj", c->hidden, kv_dim},
+                        {&L->o, "o_proj", q_dim, c->hidden},
+                        {&L->gate, "gate_proj", c->hidden, c->intermediate},
+                        {&L->up, "up_proj", c->hidden, c->intermediate},
+                        {&L->down, "down_proj", c->intermediate, c->hidden},
                 };
                 for (size_t i = 0; i < ELEMENTSOF(lins); i++) {
                         snprintf(what, sizeof(what), "layer %u %s", l, lins[i].name);
@@ -214,13 +214,13 @@ static void rmsnorm(float *o, const float *x, BkTensor w, uint32_t rows, uint32_
 {
         for (uint32_t r = 0; r < rows; r++) {
                 const float *xr = x + (size_t) r * n;
-                float *or = o + (size_t) r * n;
+                float * or = o + (size_t) r * n;
                 float ss = 0.0f;
                 for (uint32_t i = 0; i < n; i++)
                         ss += xr[i] * xr[i];
                 float inv = 1.0f / sqrtf(ss / (float) n + eps);
                 for (uint32_t i = 0; i < n; i++)
-                        or[i] = cpu_tensor_get(w, i) * (xr[i] * inv);
+                        or [i] = cpu_tensor_get(w, i) * (xr[i] * inv);
         }
 }
 
@@ -228,14 +228,14 @@ static float *kv_at(const KvCache *kv, float *cache, uint32_t kv_dim, uint32_t l
         const BkSeq *seq, uint32_t pos)
 {
         uint32_t block = seq->blocks[pos / kv->block_tokens];
-        size_t slot = ((size_t) layer * kv->n_blocks + block) * kv->block_tokens +
-                pos % kv->block_tokens;
+        size_t slot =
+                ((size_t) layer * kv->n_blocks + block) * kv->block_tokens + pos % kv->block_tokens;
         return cache + slot * kv_dim;
 }
 
 /* Causal attention of one row over positions 0..row->pos of its sequence. */
-static void attention_row(Backend *b, const BkSeq *seq, const Row *row, uint32_t layer,
-        const float *q, float *out)
+static void attention_row(
+        Backend *b, const BkSeq *seq, const Row *row, uint32_t layer, const float *q, float *out)
 {
         const BkConfig *c = &b->model->cfg;
         uint32_t hd = c->head_dim, kv_dim = c->n_kv_heads * hd;
@@ -403,8 +403,8 @@ static int cpu_load(Backend *b, const BkModel *model, DsError *err)
                 run_state_free(&b->s);
                 return ds_error(err, r, "cpu backend: out of memory for the run state");
         }
-        r = cpu_rope_init(&model->cfg.rope, model->cfg.head_dim, b->s.inv_freq,
-                &b->s.attention_factor, err);
+        r = cpu_rope_init(
+                &model->cfg.rope, model->cfg.head_dim, b->s.inv_freq, &b->s.attention_factor, err);
         if (r < 0) {
                 run_state_free(&b->s);
                 return ds_error_prefix(err, "cpu backend");
@@ -465,14 +465,15 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
                         (unsigned long long) end, c->max_positions);
         for (uint32_t t = 0; t < seq->n_tokens; t++)
                 if (seq->tokens[t] < 0 || (uint32_t) seq->tokens[t] >= c->vocab_size)
-                        return ds_error(err, -EINVAL, "cpu backend: sequence %u: token %d out of range",
-                                i, seq->tokens[t]);
+                        return ds_error(err, -EINVAL,
+                                "cpu backend: sequence %u: token %d out of range", i,
+                                seq->tokens[t]);
 
         uint64_t blocks_needed = (end + b->kv.block_tokens - 1) / b->kv.block_tokens;
         if (!seq->blocks || seq->n_blocks < blocks_needed)
                 return ds_error(err, -EINVAL,
-                        "cpu backend: sequence %u: %u KV blocks cover less than %llu positions",
-                        i, seq->n_blocks, (unsigned long long) end);
+                        "cpu backend: sequence %u: %u KV blocks cover less than %llu positions", i,
+                        seq->n_blocks, (unsigned long long) end);
         for (uint64_t k = 0; k < blocks_needed; k++)
                 if (seq->blocks[k] >= b->kv.n_blocks)
                         return ds_error(err, -EINVAL,
@@ -502,13 +503,11 @@ static void tile_outputs(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret
                                 c->vocab_size * sizeof(float));
                 if (seq->sample && row->pos == seq->pos + seq->n_tokens - 1)
                         ret_ids[row->seq] = bk_sample(lg, c->vocab_sample, &seq->sampling,
-                                seq->history, seq->n_history, seq->draw, s->sample_f,
-                                s->sample_i);
+                                seq->history, seq->n_history, seq->draw, s->sample_f, s->sample_i);
         }
 }
 
-static int cpu_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
-        DsError *err)
+static int cpu_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids, DsError *err)
 {
         int r;
 
@@ -531,7 +530,7 @@ static int cpu_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret
         for (uint32_t i = 0; i < n_seqs; i++)
                 for (uint32_t t = 0; t < seqs[i].n_tokens; t++) {
                         bool last = t == seqs[i].n_tokens - 1;
-                        b->s.rows[n++] = (Row) {
+                        b->s.rows[n++] = (Row){
                                 .seq = i,
                                 .pos = seqs[i].pos + t,
                                 .token = seqs[i].tokens[t],

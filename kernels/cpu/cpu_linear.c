@@ -10,7 +10,7 @@
 #define AWQ_COLS 128
 
 /* Logical column j of a packed AWQ word is nibble AWQ_NIBBLE[j] (docs/formats.md). */
-static const unsigned AWQ_NIBBLE[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
+static const unsigned AWQ_NIBBLE[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 float cpu_tensor_get(BkTensor t, size_t i)
 {
@@ -27,12 +27,11 @@ float cpu_tensor_get(BkTensor t, size_t i)
         }
 }
 
-int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what,
-        DsError *err)
+int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what, DsError *err)
 {
         if (l->in != in || l->out != out)
-                return ds_error(err, -DS_ERR_FORMAT, "%s: shape %u→%u, expected %u→%u", what,
-                        l->in, l->out, in, out);
+                return ds_error(err, -DS_ERR_FORMAT, "%s: shape %u→%u, expected %u→%u", what, l->in,
+                        l->out, in, out);
         if (l->bias.data && (unsigned) l->bias.dtype >= _BK_DT_MAX)
                 return ds_error(err, -DS_ERR_FORMAT, "%s: bad bias dtype", what);
 
@@ -47,7 +46,8 @@ int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *w
                 if (l->group_size == 0 || in % l->group_size != 0 || out % 8 != 0)
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: AWQ needs in %% group_size == 0 and out %% 8 == 0 "
-                                "(in %u, out %u, group %u)", what, in, out, l->group_size);
+                                "(in %u, out %u, group %u)",
+                                what, in, out, l->group_size);
                 return 0;
         default:
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: unknown linear kind %d", what,
@@ -64,7 +64,7 @@ size_t cpu_linear_scratch_size(const BkLinear *l)
  * and the same bits for the same inputs every time. */
 static float dot(const float *a, const float *b, uint32_t n)
 {
-        float lane[8] = { 0 };
+        float lane[8] = {0};
         uint32_t i = 0;
 
         for (; i + 8 <= n; i += 8)
@@ -73,12 +73,11 @@ static float dot(const float *a, const float *b, uint32_t n)
         for (; i < n; i++)
                 lane[i % 8] += a[i] * b[i];
         return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-                ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+               ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
 /* w: [out][in]. Each weight row is widened once (wrow: (in)) and used by every row of x. */
-static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float *y,
-        float *wrow)
+static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float *y, float *wrow)
 {
         for (uint32_t o = 0; o < l->out; o++) {
                 const float *w = wrow;
@@ -133,8 +132,7 @@ static void axpy8(float *restrict y, float a, const float *restrict x, uint32_t 
 /* W[k][n] = (q[k][n] - z[k/gs][n]) * s[k/gs][n], dequantized one input row of one column
  * block at a time and accumulated into y in ascending k: y[r][n] += x[r][k] * W[k][n].
  * scratch: (3, AWQ_COLS) zeros, scales and the dequantized row. */
-static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *y,
-        float *scratch)
+static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch)
 {
         const uint32_t words = l->out / 8; /* packed words per row of qweight / qzeros */
         float *zero = scratch, *scale = scratch + AWQ_COLS, *w = scratch + 2 * AWQ_COLS;

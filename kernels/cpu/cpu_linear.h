@@ -14,8 +14,7 @@ float cpu_tensor_get(BkTensor t, size_t i);
 
 /* Checks that l is a well-formed layer of in inputs and out outputs; fills err naming
  * what (e.g. "layer 3 q_proj") when not. */
-int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what,
-        DsError *err);
+int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what, DsError *err);
 
 /* Floats of scratch cpu_linear() needs for l. */
 size_t cpu_linear_scratch_size(const BkLinear *l);

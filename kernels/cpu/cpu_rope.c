@@ -63,7 +63,7 @@ static void rope_yarn(const BkRope *r, uint32_t d, float *inv_freq)
                 ramp = fminf(fmaxf(ramp, 0.0f), 1.0f);
                 float extrapolation_factor = 1.0f - ramp;
                 inv_freq[i] = interpolation * (1.0f - extrapolation_factor) +
-                        extrapolation * extrapolation_factor;
+                              extrapolation * extrapolation_factor;
         }
 }
 
@@ -99,8 +99,8 @@ int cpu_rope_init(const BkRope *rope, uint32_t head_dim, float *inv_freq,
         }
 }
 
-void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_factor,
-        uint32_t pos, float *cos_out, float *sin_out)
+void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_factor, uint32_t pos,
+        float *cos_out, float *sin_out)
 {
         for (uint32_t i = 0; i < head_dim / 2; i++) {
                 float freq = (float) pos * inv_freq[i];
@@ -109,8 +109,8 @@ void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_f
         }
 }
 
-void cpu_rope_apply(float *x, uint32_t n_heads, uint32_t head_dim, const float *cos_in,
-        const float *sin_in)
+void cpu_rope_apply(
+        float *x, uint32_t n_heads, uint32_t head_dim, const float *cos_in, const float *sin_in)
 {
         uint32_t half = head_dim / 2;
 

@@ -14,10 +14,10 @@ int cpu_rope_init(const BkRope *rope, uint32_t head_dim, float *inv_freq,
         float *ret_attention_factor, DsError *err);
 
 /* cos/sin (head_dim/2) of position pos times inv_freq, times attention_factor. */
-void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_factor,
-        uint32_t pos, float *cos_out, float *sin_out);
+void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_factor, uint32_t pos,
+        float *cos_out, float *sin_out);
 
 /* Rotates the n_heads heads of x (n_heads, head_dim) in place: element i pairs with
  * element i + head_dim/2. */
-void cpu_rope_apply(float *x, uint32_t n_heads, uint32_t head_dim, const float *cos_in,
-        const float *sin_in);
+void cpu_rope_apply(
+        float *x, uint32_t n_heads, uint32_t head_dim, const float *cos_in, const float *sin_in);

@@ -14,17 +14,17 @@
 #include "test_util.h"
 
 #define FIX_BLOCK_TOKENS 16
-#define FIX_MAX_BLOCKS 64
+#define FIX_MAX_BLOCKS   64
 
 typedef struct Golden {
         int32_t *input_ids; /* (n_input) */
         uint32_t n_input;
-        int32_t *prompt;    /* (n_prompt) greedy_prompt_ids */
+        int32_t *prompt; /* (n_prompt) greedy_prompt_ids */
         uint32_t n_prompt;
-        int32_t *new_ids;   /* (n_new) greedy_new_ids */
-        double *margins;    /* (n_new) greedy_top2_margins */
+        int32_t *new_ids; /* (n_new) greedy_new_ids */
+        double *margins;  /* (n_new) greedy_top2_margins */
         uint32_t n_new;
-        float *logits;      /* (n_input, vocab) golden_logits.f32 */
+        float *logits; /* (n_input, vocab) golden_logits.f32 */
 } Golden;
 
 static inline char *fix_read_file(const char *path, size_t *ret_len)
@@ -62,7 +62,7 @@ static inline Golden fix_golden(const char *dir, uint32_t vocab)
 {
         char path[4096];
         size_t len;
-        Golden g = { 0 };
+        Golden g = {0};
 
         snprintf(path, sizeof(path), "%s/golden.json", dir);
         char *text = fix_read_file(path, &len);
@@ -104,12 +104,12 @@ typedef struct Fixture {
 
 static inline Fixture fix_open(const char *dir)
 {
-        DsError err = { 0 };
-        ModelOptions mo = { 0 };
-        Fixture f = { 0 };
+        DsError err = {0};
+        ModelOptions mo = {0};
+        Fixture f = {0};
 
         CHECK(model_load(dir, &mo, &f.model, &err) == 0, "model_load %s: %s", dir, err.msg);
-        CHECK(backend_cpu_ops.create(&(BkOptions) { 0 }, &f.b, &err) == 0, "%s", err.msg);
+        CHECK(backend_cpu_ops.create(&(BkOptions){0}, &f.b, &err) == 0, "%s", err.msg);
         CHECK(backend_cpu_ops.load(f.b, &f.model->bk, &err) == 0, "%s", err.msg);
         f.vocab = f.model->bk.cfg.vocab_size;
         return f;
@@ -118,11 +118,11 @@ static inline Fixture fix_open(const char *dir)
 /* Drops the cache and makes a fresh one of FIX_MAX_BLOCKS blocks. */
 static inline void fix_kv_reset(Fixture *f)
 {
-        DsError err = { 0 };
-        uint64_t bytes = backend_cpu_ops.kv_bytes_per_token(f->b) * FIX_BLOCK_TOKENS *
-                FIX_MAX_BLOCKS;
-        CHECK(backend_cpu_ops.kv_init(f->b, FIX_BLOCK_TOKENS, bytes, &err) == FIX_MAX_BLOCKS,
-                "%s", err.msg);
+        DsError err = {0};
+        uint64_t bytes =
+                backend_cpu_ops.kv_bytes_per_token(f->b) * FIX_BLOCK_TOKENS * FIX_MAX_BLOCKS;
+        CHECK(backend_cpu_ops.kv_init(f->b, FIX_BLOCK_TOKENS, bytes, &err) == FIX_MAX_BLOCKS, "%s",
+                err.msg);
 }
 
 static inline void fix_close(Fixture *f)
@@ -144,11 +144,11 @@ static inline double fix_rel_err(const float *a, const float *b, size_t n)
 
 /* One step of one sequence using the identity block table: tokens at pos, logits out
  * (or NULL), greedy sample when sample; returns the sampled id or -1. */
-static inline int32_t fix_step(Fixture *f, const int32_t *tokens, uint32_t n, uint32_t pos,
-        float *logits, bool sample)
+static inline int32_t fix_step(
+        Fixture *f, const int32_t *tokens, uint32_t n, uint32_t pos, float *logits, bool sample)
 {
         static uint32_t blocks[FIX_MAX_BLOCKS];
-        DsError err = { 0 };
+        DsError err = {0};
         int32_t id;
 
         for (uint32_t i = 0; i < FIX_MAX_BLOCKS; i++)
@@ -160,7 +160,7 @@ static inline int32_t fix_step(Fixture *f, const int32_t *tokens, uint32_t n, ui
                 .blocks = blocks,
                 .n_blocks = FIX_MAX_BLOCKS,
                 .sample = sample,
-                .sampling = { .temperature = 0, .repetition_penalty = 1 },
+                .sampling = {.temperature = 0, .repetition_penalty = 1},
                 .logits = logits,
         };
         CHECK(backend_cpu_ops.step(f->b, &s, 1, &id, &err) == 0, "step: %s", err.msg);

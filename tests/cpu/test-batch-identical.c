@@ -5,20 +5,20 @@
  * sequences' decode tokens, shuffled non-contiguous KV blocks), compared with memcmp. */
 #include "cpu_fixture.h"
 
-#define N_SEQS 8
-#define N_DECODE 16
-#define PROMPT_MAX 40
-#define POS_MAX (PROMPT_MAX + N_DECODE + 1)
+#define N_SEQS         8
+#define N_DECODE       16
+#define PROMPT_MAX     40
+#define POS_MAX        (PROMPT_MAX + N_DECODE + 1)
 #define BLOCKS_PER_SEQ ((POS_MAX + FIX_BLOCK_TOKENS - 1) / FIX_BLOCK_TOKENS)
 
 typedef struct Trace {
-        int32_t tokens[POS_MAX];  /* prompt, then the sampled ids fed back */
+        int32_t tokens[POS_MAX]; /* prompt, then the sampled ids fed back */
         uint32_t n_prompt;
         int32_t sampled[N_DECODE + 1];
-        float *logits;            /* (POS_MAX, vocab) of every position fed */
+        float *logits; /* (POS_MAX, vocab) of every position fed */
         BkSampling sampling;
-        uint32_t chunk;           /* prompt tokens per step in the batched run */
-        uint32_t start;           /* the batched step at which it joins */
+        uint32_t chunk; /* prompt tokens per step in the batched run */
+        uint32_t start; /* the batched step at which it joins */
         uint32_t blocks[BLOCKS_PER_SEQ];
 } Trace;
 
@@ -33,19 +33,26 @@ static uint32_t rng(void)
 static void make_traces(Trace *t, uint32_t vocab)
 {
         const BkSampling settings[N_SEQS] = {
-                { .temperature = 0, .repetition_penalty = 1 },
-                { .temperature = 0.8f, .repetition_penalty = 1, .seed = 1 },
-                { .temperature = 1.0f, .top_k = 20, .repetition_penalty = 1, .seed = 2 },
-                { .temperature = 0.7f, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 3 },
-                { .temperature = 0, .repetition_penalty = 1.3f, .presence_penalty = 0.5f },
-                { .temperature = 1.2f, .min_p = 0.05f, .frequency_penalty = 0.2f,
-                        .repetition_penalty = 1, .seed = 4 },
-                { .temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .min_p = 0.01f,
-                        .repetition_penalty = 1.05f, .seed = 5 },
-                { .temperature = 1.0f, .repetition_penalty = 1, .seed = 1 }, /* seed shared with 1 */
+                {.temperature = 0, .repetition_penalty = 1},
+                {.temperature = 0.8f, .repetition_penalty = 1, .seed = 1},
+                {.temperature = 1.0f, .top_k = 20, .repetition_penalty = 1, .seed = 2},
+                {.temperature = 0.7f, .top_p = 0.9f, .repetition_penalty = 1.1f, .seed = 3},
+                {.temperature = 0, .repetition_penalty = 1.3f, .presence_penalty = 0.5f},
+                {.temperature = 1.2f,
+                        .min_p = 0.05f,
+                        .frequency_penalty = 0.2f,
+                        .repetition_penalty = 1,
+                        .seed = 4},
+                {.temperature = 0.9f,
+                        .top_k = 50,
+                        .top_p = 0.95f,
+                        .min_p = 0.01f,
+                        .repetition_penalty = 1.05f,
+                        .seed = 5},
+                {.temperature = 1.0f, .repetition_penalty = 1, .seed = 1}, /* seed shared with 1 */
         };
-        const uint32_t lengths[N_SEQS] = { 1, 40, 7, 23, 16, 17, 3, 31 };
-        const uint32_t chunks[N_SEQS] = { 1, 13, 40, 5, 16, 4, 2, 32 };
+        const uint32_t lengths[N_SEQS] = {1, 40, 7, 23, 16, 17, 3, 31};
+        const uint32_t chunks[N_SEQS] = {1, 13, 40, 5, 16, 4, 2, 32};
 
         for (uint32_t i = 0; i < N_SEQS; i++) {
                 t[i].n_prompt = lengths[i];
@@ -82,7 +89,7 @@ static BkSeq seq_part(Trace *t, uint32_t pos, uint32_t n, const uint32_t *blocks
         uint32_t end = pos + n;
         bool sample = end >= t->n_prompt;
 
-        return (BkSeq) {
+        return (BkSeq){
                 .tokens = t->tokens + pos,
                 .n_tokens = n,
                 .pos = pos,
@@ -108,7 +115,7 @@ static void take_sample(Trace *t, uint32_t end, int32_t id)
 static void run_alone(Fixture *f, Trace *t)
 {
         uint32_t identity[BLOCKS_PER_SEQ];
-        DsError err = { 0 };
+        DsError err = {0};
         int32_t id;
 
         for (uint32_t k = 0; k < BLOCKS_PER_SEQ; k++)
@@ -127,8 +134,8 @@ static void run_alone(Fixture *f, Trace *t)
 
 static void run_batched(Fixture *f, Trace *t)
 {
-        uint32_t fed[N_SEQS] = { 0 }; /* positions fed so far */
-        DsError err = { 0 };
+        uint32_t fed[N_SEQS] = {0}; /* positions fed so far */
+        DsError err = {0};
 
         fix_kv_reset(f);
         for (uint32_t step = 0;; step++) {
@@ -142,7 +149,8 @@ static void run_batched(Fixture *f, Trace *t)
                         Trace *s = &t[i];
                         if (step < s->start || fed[i] == s->n_prompt + N_DECODE)
                                 continue;
-                        uint32_t len = fed[i] < s->n_prompt ? MIN(s->chunk, s->n_prompt - fed[i]) : 1;
+                        uint32_t len =
+                                fed[i] < s->n_prompt ? MIN(s->chunk, s->n_prompt - fed[i]) : 1;
                         seqs[n] = seq_part(s, fed[i], len, s->blocks, f->vocab);
                         who[n++] = i;
                 }
@@ -163,7 +171,7 @@ static void run_batched(Fixture *f, Trace *t)
 static void check_fixture(const char *dir)
 {
         Fixture f = fix_open(dir);
-        Trace alone[N_SEQS] = { 0 }, batched[N_SEQS];
+        Trace alone[N_SEQS] = {0}, batched[N_SEQS];
 
         make_traces(alone, f.vocab);
         deal_blocks(alone);
@@ -186,8 +194,8 @@ static void check_fixture(const char *dir)
                 free(alone[i].logits);
                 free(batched[i].logits);
         }
-        printf("%s: %d sequences x %d decode steps bit-identical alone and batched\n", dir,
-                N_SEQS, N_DECODE);
+        printf("%s: %d sequences x %d decode steps bit-identical alone and batched\n", dir, N_SEQS,
+                N_DECODE);
         fix_close(&f);
 }
 

@@ -11,11 +11,11 @@
 #include "half.h"
 #include "test_util.h"
 
-#define IN 256
-#define OUT 200 /* not a multiple of the kernel's column block */
+#define IN   256
+#define OUT  200 /* not a multiple of the kernel's column block */
 #define ROWS 5
 
-static const unsigned ORDER[8] = { 0, 2, 4, 6, 1, 3, 5, 7 }; /* nibble i holds column 8c + ORDER[i] */
+static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7}; /* nibble i holds column 8c + ORDER[i] */
 
 static uint32_t rng_state = 7;
 
@@ -66,7 +66,8 @@ static void check_layer(const char *what, const BkLinear *l, const double *w /* 
 
         for (uint32_t r = 0; r < ROWS; r++) {
                 cpu_linear(l, x + r * IN, 1, y1, scratch);
-                CHECK(memcmp(y1, y + r * OUT, sizeof(y1)) == 0, "%s: row %u differs alone", what, r);
+                CHECK(memcmp(y1, y + r * OUT, sizeof(y1)) == 0, "%s: row %u differs alone", what,
+                        r);
         }
         printf("%s: max error %.3g of max |y| %.3g; rows bit-identical alone\n", what, err,
                 ref_norm);
@@ -98,9 +99,14 @@ static void test_awq(uint32_t gs, bool bias)
                 }
 
         BkLinear l = {
-                .kind = BK_LINEAR_AWQ, .in = IN, .out = OUT,
-                .qweight = qweight, .qzeros = qzeros, .scales = scales, .group_size = gs,
-                .bias = { BK_DT_F16, bias ? bias16 : NULL },
+                .kind = BK_LINEAR_AWQ,
+                .in = IN,
+                .out = OUT,
+                .qweight = qweight,
+                .qzeros = qzeros,
+                .scales = scales,
+                .group_size = gs,
+                .bias = {BK_DT_F16, bias ? bias16 : NULL},
         };
         CHECK(cpu_linear_check(&l, IN, OUT, "awq", NULL) == 0, "awq layer refused");
         snprintf(what, sizeof(what), "awq g%u%s", gs, bias ? " +bias" : "");
@@ -112,7 +118,7 @@ static void test_dense(BkDtype dt, bool bias)
         static float wf[OUT * IN], biasf[OUT];
         static uint16_t wh[OUT * IN];
         static double w[IN * OUT];
-        const char *names[] = { "f32", "f16", "bf16" };
+        const char *names[] = {"f32", "f16", "bf16"};
         char what[64];
 
         for (uint32_t o = 0; o < OUT; o++)
@@ -120,17 +126,19 @@ static void test_dense(BkDtype dt, bool bias)
                         float v = frand() * 0.1f;
                         wh[o * IN + i] = dt == BK_DT_F16 ? f32_to_f16(v) : f32_to_bf16(v);
                         wf[o * IN + i] = v;
-                        w[i * OUT + o] = dt == BK_DT_F32 ? v
-                                : dt == BK_DT_F16 ? f16_to_f32(wh[o * IN + i])
-                                : bf16_to_f32(wh[o * IN + i]);
+                        w[i * OUT + o] = dt == BK_DT_F32   ? v
+                                         : dt == BK_DT_F16 ? f16_to_f32(wh[o * IN + i])
+                                                           : bf16_to_f32(wh[o * IN + i]);
                 }
         for (uint32_t o = 0; o < OUT; o++)
                 biasf[o] = frand();
 
         BkLinear l = {
-                .kind = BK_LINEAR_DENSE, .in = IN, .out = OUT,
-                .w = { dt, dt == BK_DT_F32 ? (const void *) wf : wh },
-                .bias = { BK_DT_F32, bias ? biasf : NULL },
+                .kind = BK_LINEAR_DENSE,
+                .in = IN,
+                .out = OUT,
+                .w = {dt, dt == BK_DT_F32 ? (const void *) wf : wh},
+                .bias = {BK_DT_F32, bias ? biasf : NULL},
         };
         CHECK(cpu_linear_check(&l, IN, OUT, "dense", NULL) == 0, "dense layer refused");
         snprintf(what, sizeof(what), "dense %s%s", names[dt], bias ? " +bias" : "");
@@ -148,9 +156,15 @@ int main(void)
         }
 
         /* Shapes the kernel cannot run are refused. */
-        BkLinear bad = { .kind = BK_LINEAR_AWQ, .in = 100, .out = OUT, .group_size = 128,
-                .qweight = (uint32_t[1]) {}, .qzeros = (uint32_t[1]) {}, .scales = (uint16_t[1]) {} };
-        CHECK(cpu_linear_check(&bad, 100, OUT, "bad", NULL) == -DS_ERR_FORMAT, "in not a multiple of the group");
+        BkLinear bad = {.kind = BK_LINEAR_AWQ,
+                .in = 100,
+                .out = OUT,
+                .group_size = 128,
+                .qweight = (uint32_t[1]){},
+                .qzeros = (uint32_t[1]){},
+                .scales = (uint16_t[1]){}};
+        CHECK(cpu_linear_check(&bad, 100, OUT, "bad", NULL) == -DS_ERR_FORMAT,
+                "in not a multiple of the group");
         CHECK(cpu_linear_check(&bad, 128, OUT, "bad", NULL) == -DS_ERR_FORMAT, "shape mismatch");
         return 0;
 }

@@ -41,7 +41,7 @@ static void check_fixture(const char *dir)
 
         /* The same prompt in chunks: 5 + 43, 7 at a time, one at a time. */
         const float *ref_last = out + (size_t) (g.n_input - 1) * f.vocab;
-        const uint32_t chunks[] = { 5, 7, 1 };
+        const uint32_t chunks[] = {5, 7, 1};
         for (size_t i = 0; i < ELEMENTSOF(chunks); i++) {
                 if (chunks[i] == 5) {
                         fix_kv_reset(&f);

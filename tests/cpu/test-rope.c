@@ -15,21 +15,33 @@ static const struct {
         BkRope rope;
         uint32_t head_dim;
 } cases[] = {
-        { "default", { .type = BK_ROPE_DEFAULT, .theta = 10000 }, 128 },
-        { "llama3",
-                { .type = BK_ROPE_LLAMA3, .theta = 500000, .factor = 8, .low_freq_factor = 1,
-                        .high_freq_factor = 4, .original_max_pos = 8192 },
-                128 },
-        { "yarn",
-                { .type = BK_ROPE_YARN, .theta = 1e6f, .factor = 4, .original_max_pos = 32768,
-                        .beta_fast = 32, .beta_slow = 1,
-                        .attention_factor = (float) (0.1 * 1.3862943611198906 + 1) },
-                128 },
-        { "yarn64",
-                { .type = BK_ROPE_YARN, .theta = 10000, .factor = 40, .original_max_pos = 4096,
-                        .beta_fast = 32, .beta_slow = 1,
-                        .attention_factor = (float) (0.1 * 3.6888794541139363 + 1) },
-                64 },
+        {"default", {.type = BK_ROPE_DEFAULT, .theta = 10000}, 128},
+        {"llama3",
+                {.type = BK_ROPE_LLAMA3,
+                        .theta = 500000,
+                        .factor = 8,
+                        .low_freq_factor = 1,
+                        .high_freq_factor = 4,
+                        .original_max_pos = 8192},
+                128},
+        {"yarn",
+                {.type = BK_ROPE_YARN,
+                        .theta = 1e6f,
+                        .factor = 4,
+                        .original_max_pos = 32768,
+                        .beta_fast = 32,
+                        .beta_slow = 1,
+                        .attention_factor = (float) (0.1 * 1.3862943611198906 + 1)},
+                128},
+        {"yarn64",
+                {.type = BK_ROPE_YARN,
+                        .theta = 10000,
+                        .factor = 40,
+                        .original_max_pos = 4096,
+                        .beta_fast = 32,
+                        .beta_slow = 1,
+                        .attention_factor = (float) (0.1 * 3.6888794541139363 + 1)},
+                64},
 };
 
 int main(void)
@@ -47,10 +59,11 @@ int main(void)
                 const cJSON *bits = cJSON_GetObjectItemCaseSensitive(ref, "inv_freq_bits");
                 uint32_t half_dim = cases[c].head_dim / 2, exact = 0;
                 float inv_freq[64], factor;
-                DsError err = { 0 };
+                DsError err = {0};
 
                 CHECK(cJSON_GetArraySize(bits) == (int) half_dim, "%s: size", cases[c].name);
-                CHECK(cpu_rope_init(&cases[c].rope, cases[c].head_dim, inv_freq, &factor, &err) == 0,
+                CHECK(cpu_rope_init(&cases[c].rope, cases[c].head_dim, inv_freq, &factor, &err) ==
+                                0,
                         "%s: %s", cases[c].name, err.msg);
                 for (uint32_t i = 0; i < half_dim; i++) {
                         uint32_t want = (uint32_t) cJSON_GetArrayItem(bits, (int) i)->valuedouble;

@@ -10,14 +10,14 @@
 #include "test_util.h"
 
 #define VOCAB_MAX 256
-#define DRAWS 20000
+#define DRAWS     20000
 
 static float scratch_f[VOCAB_MAX];
 static int32_t scratch_i[VOCAB_MAX];
 
 static BkSampling plain(float temperature)
 {
-        return (BkSampling) { .temperature = temperature, .repetition_penalty = 1.0f, .seed = 42 };
+        return (BkSampling){.temperature = temperature, .repetition_penalty = 1.0f, .seed = 42};
 }
 
 static int32_t sample(const float *logits, uint32_t vocab, const BkSampling *s,
@@ -31,7 +31,7 @@ static int32_t sample(const float *logits, uint32_t vocab, const BkSampling *s,
 static void check_distribution(const char *what, const float *logits, uint32_t vocab,
         const BkSampling *s, const double *want)
 {
-        uint32_t count[VOCAB_MAX] = { 0 };
+        uint32_t count[VOCAB_MAX] = {0};
 
         for (uint64_t d = 0; d < DRAWS; d++) {
                 int32_t id = sample(logits, vocab, s, NULL, 0, d);
@@ -48,7 +48,7 @@ static void check_distribution(const char *what, const float *logits, uint32_t v
 
 static void test_greedy(void)
 {
-        const float logits[] = { 1, 3, 3, 2, -5 };
+        const float logits[] = {1, 3, 3, 2, -5};
         BkSampling s = plain(0);
 
         CHECK(sample(logits, 5, &s, NULL, 0, 0) == 1, "argmax with a tie takes the lowest id");
@@ -79,46 +79,46 @@ static void test_top_k_one_is_greedy(void)
 static void test_filters(void)
 {
         /* Probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1. */
-        const float p[] = { logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f) };
+        const float p[] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
         BkSampling s;
 
         s = plain(1);
-        check_distribution("no filter", p, 4, &s, (const double[]) { 0.5, 0.3, 0.15, 0.05 });
+        check_distribution("no filter", p, 4, &s, (const double[]){0.5, 0.3, 0.15, 0.05});
 
         s = plain(1);
         s.top_k = 2;
-        check_distribution("top-k 2", p, 4, &s, (const double[]) { 0.625, 0.375, 0, 0 });
+        check_distribution("top-k 2", p, 4, &s, (const double[]){0.625, 0.375, 0, 0});
 
         s = plain(1);
         s.top_p = 0.75f;
-        check_distribution("top-p 0.75", p, 4, &s, (const double[]) { 0.625, 0.375, 0, 0 });
+        check_distribution("top-p 0.75", p, 4, &s, (const double[]){0.625, 0.375, 0, 0});
 
         s = plain(1);
         s.top_p = 0.85f;
-        check_distribution("top-p 0.85", p, 4, &s,
-                (const double[]) { 0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0 });
+        check_distribution(
+                "top-p 0.85", p, 4, &s, (const double[]){0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0});
 
         s = plain(1);
         s.top_p = 0.3f;
-        check_distribution("top-p 0.3 keeps the best", p, 4, &s, (const double[]) { 1, 0, 0, 0 });
+        check_distribution("top-p 0.3 keeps the best", p, 4, &s, (const double[]){1, 0, 0, 0});
 
         s = plain(1);
         s.min_p = 0.2f; /* drops p < 0.1 */
-        check_distribution("min-p 0.2", p, 4, &s,
-                (const double[]) { 0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0 });
+        check_distribution(
+                "min-p 0.2", p, 4, &s, (const double[]){0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0});
 
         s = plain(1);
         s.min_p = 0.5f; /* drops p < 0.25 */
-        check_distribution("min-p 0.5", p, 4, &s, (const double[]) { 0.625, 0.375, 0, 0 });
+        check_distribution("min-p 0.5", p, 4, &s, (const double[]){0.625, 0.375, 0, 0});
 
         /* Temperature 2 on logits (2, 0): p0 = e / (e + 1). */
-        const float two[] = { 2, 0 };
+        const float two[] = {2, 0};
         double p0 = exp(1.0) / (exp(1.0) + 1.0);
         s = plain(2);
-        check_distribution("temperature 2", two, 2, &s, (const double[]) { p0, 1 - p0 });
+        check_distribution("temperature 2", two, 2, &s, (const double[]){p0, 1 - p0});
 
         /* All filters together, on 8 ids: top-k 6 keeps 0..5, top-p 0.9 then min-p. */
-        const float eight[] = { 3, 2.5f, 2, 1.5f, 1, 0.5f, 0, -0.5f };
+        const float eight[] = {3, 2.5f, 2, 1.5f, 1, 0.5f, 0, -0.5f};
         s = plain(1);
         s.top_k = 6;
         s.top_p = 0.9f;
@@ -132,7 +132,7 @@ static void test_filters(void)
          * 0.910); min-p 0.1 drops p < 0.041, none of those. */
         CHECK(q[0] + q[1] + q[2] < 0.9 && q[0] + q[1] + q[2] + q[3] > 0.9, "bad test");
         double kept = q[0] + q[1] + q[2] + q[3];
-        double want[8] = { 0 };
+        double want[8] = {0};
         for (int i = 0; i < 4; i++)
                 want[i] = q[i] / kept;
         check_distribution("top-k + top-p + min-p", eight, 8, &s, want);
@@ -140,7 +140,7 @@ static void test_filters(void)
 
 static void test_determinism(void)
 {
-        float flat[64] = { 0 };
+        float flat[64] = {0};
         BkSampling a = plain(1), b = plain(1);
         int32_t seq_a[64], seq_b[64];
         uint32_t differ = 0;
@@ -160,7 +160,7 @@ static void test_determinism(void)
 static void test_padding(void)
 {
         /* Ids 8 and 9 are padding with the largest logits: vocab 8 is passed. */
-        float logits[10] = { 0, 1, 2, 3, 0, 0, 0, 0, 100, 200 };
+        float logits[10] = {0, 1, 2, 3, 0, 0, 0, 0, 100, 200};
         BkSampling s = plain(0);
 
         CHECK(sample(logits, 8, &s, NULL, 0, 0) == 3, "greedy picked padding");
@@ -168,7 +168,7 @@ static void test_padding(void)
         for (uint64_t d = 0; d < 2000; d++)
                 CHECK(sample(logits, 8, &s, NULL, 0, d) < 8, "padding sampled");
         /* History naming padding ids is ignored. */
-        const int32_t hist[] = { 9, 8, 3 };
+        const int32_t hist[] = {9, 8, 3};
         s = plain(0);
         s.repetition_penalty = 10;
         CHECK(sample(logits, 8, &s, hist, 3, 0) == 2, "penalty with padding in history");
@@ -179,21 +179,21 @@ static void test_penalties(void)
         BkSampling s;
 
         /* Repetition divides a positive logit: 2 / 1.2 = 1.67 < 1.9. */
-        const float pos[] = { 2.0f, 1.9f, -1 };
+        const float pos[] = {2.0f, 1.9f, -1};
         s = plain(0);
         s.repetition_penalty = 1.2f;
-        CHECK(sample(pos, 3, &s, (const int32_t[]) { 0 }, 1, 0) == 1, "repetition, positive");
+        CHECK(sample(pos, 3, &s, (const int32_t[]){0}, 1, 0) == 1, "repetition, positive");
         /* ... once per distinct id: 2 / 1.2 = 1.67 > 1.5, where twice would give 1.39. */
-        const float pos2[] = { 2.0f, 1.5f };
-        CHECK(sample(pos2, 2, &s, (const int32_t[]) { 0, 0 }, 2, 0) == 0,
+        const float pos2[] = {2.0f, 1.5f};
+        CHECK(sample(pos2, 2, &s, (const int32_t[]){0, 0}, 2, 0) == 0,
                 "repetition applied more than once");
         /* ... and multiplies a negative one: -1 * 1.2 = -1.2 < -1.1. */
-        const float neg[] = { -1.0f, -1.1f };
-        CHECK(sample(neg, 2, &s, (const int32_t[]) { 0 }, 1, 0) == 1, "repetition, negative");
+        const float neg[] = {-1.0f, -1.1f};
+        CHECK(sample(neg, 2, &s, (const int32_t[]){0}, 1, 0) == 1, "repetition, negative");
 
         /* Presence: once per distinct id. 1.0 - 0.3 < 0.8; 1.0 - 0.1 > 0.8 even seen 3 times. */
-        const float pr[] = { 1.0f, 0.8f };
-        const int32_t three[] = { 0, 0, 0 };
+        const float pr[] = {1.0f, 0.8f};
+        const int32_t three[] = {0, 0, 0};
         s = plain(0);
         s.presence_penalty = 0.3f;
         CHECK(sample(pr, 2, &s, three, 3, 0) == 1, "presence 0.3");
@@ -211,7 +211,7 @@ static void test_penalties(void)
         s = plain(1);
         s.top_k = 1;
         s.repetition_penalty = 1.2f;
-        CHECK(sample(pos, 3, &s, (const int32_t[]) { 0 }, 1, 5) == 1, "penalty before top-k");
+        CHECK(sample(pos, 3, &s, (const int32_t[]){0}, 1, 5) == 1, "penalty before top-k");
 }
 
 int main(void)

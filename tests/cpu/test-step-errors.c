@@ -16,10 +16,10 @@ int main(void)
 {
         const char *dir = test_shared("fixtures/tiny-qwen2-awq");
         const BackendOps *ops = backend_find("cpu");
-        DsError err = { 0 };
+        DsError err = {0};
         Backend *b;
         int32_t id, tok = 5;
-        uint32_t blocks[FIX_MAX_BLOCKS] = { 0 };
+        uint32_t blocks[FIX_MAX_BLOCKS] = {0};
 
         CHECK(ops == &backend_cpu_ops && backend_find(NULL) == ops && backend_find("auto") == ops,
                 "backend_find");
@@ -27,7 +27,7 @@ int main(void)
 
         /* No model yet. */
         CHECK(ops->create(NULL, &b, &err) == 0, "%s", err.msg);
-        BkSeq s = { .tokens = &tok, .n_tokens = 1, .blocks = blocks, .n_blocks = 1 };
+        BkSeq s = {.tokens = &tok, .n_tokens = 1, .blocks = blocks, .n_blocks = 1};
         expect(ops->step(b, &s, 1, &id, &err), -DS_ERR_MODEL_NOT_LOADED, &err, "step, no model");
         expect((int) ops->kv_init(b, 16, 1 << 20, &err), -DS_ERR_MODEL_NOT_LOADED, &err,
                 "kv_init, no model");
@@ -37,8 +37,9 @@ int main(void)
         Fixture f = fix_open(dir);
         Golden g = fix_golden(dir, f.vocab);
         const BkConfig *c = &f.model->bk.cfg;
-        CHECK(ops->kv_bytes_per_token(f.b) == (uint64_t) c->n_layers * 2 * c->n_kv_heads *
-                        c->head_dim * sizeof(float), "kv bytes per token");
+        CHECK(ops->kv_bytes_per_token(f.b) ==
+                        (uint64_t) c->n_layers * 2 * c->n_kv_heads * c->head_dim * sizeof(float),
+                "kv bytes per token");
 
         expect(ops->step(f.b, &s, 1, &id, &err), -EINVAL, &err, "step, no cache");
         expect((int) ops->kv_init(f.b, 0, 1 << 20, &err), -EINVAL, &err, "kv_init, 0 tokens");
@@ -64,8 +65,8 @@ int main(void)
         expect(ops->step(f.b, &bad, 1, &id, &err), -DS_ERR_CONTEXT_FULL, &err, "context full");
 
         /* A bad sequence anywhere in the batch fails the whole step before any work. */
-        BkSeq two[2] = { s, bad };
-        expect(ops->step(f.b, two, 2, (int32_t[2]) {}, &err), -DS_ERR_CONTEXT_FULL, &err,
+        BkSeq two[2] = {s, bad};
+        expect(ops->step(f.b, two, 2, (int32_t[2]){}, &err), -DS_ERR_CONTEXT_FULL, &err,
                 "bad second sequence");
 
         /* The backend is still good. */

@@ -20,7 +20,7 @@
 #endif
 
 #define EVAL_BLOCK_TOKENS 16
-#define EVAL_CHUNK 64 /* positions per step in --text mode, whose logits are kept */
+#define EVAL_CHUNK        64 /* positions per step in --text mode, whose logits are kept */
 
 static const char *arg_model;
 static const char *arg_ids;
@@ -33,7 +33,8 @@ static uint32_t arg_decode;
 static void eval_help(FILE *f)
 {
         fprintf(f,
-                "Usage: dsquant eval --model DIR (--ids FILE.json --logits-out OUT.f32 | --text FILE)\n\n"
+                "Usage: dsquant eval --model DIR (--ids FILE.json --logits-out OUT.f32 | --text "
+                "FILE)\n\n"
                 "Run one forward pass from position 0 and either write the logits of every\n"
                 "position as float32 little-endian [n][vocab_size], or print the perplexity of\n"
                 "a text tokenized with DIR/tokenizer.json (BOS prepended when the tokenizer\n"
@@ -67,14 +68,14 @@ static int parse_uint(const char *opt, const char *s, uint32_t *ret)
 static int parse_argv(int argc, char **argv)
 {
         static const struct option options[] = {
-                { "model", required_argument, NULL, 'm' },
-                { "ids", required_argument, NULL, 'i' },
-                { "logits-out", required_argument, NULL, 'o' },
-                { "text", required_argument, NULL, 't' },
-                { "decode", required_argument, NULL, 'd' },
-                { "backend", required_argument, NULL, 'b' },
-                { "threads", required_argument, NULL, 'j' },
-                { "help", no_argument, NULL, 'h' },
+                {"model", required_argument, NULL, 'm'},
+                {"ids", required_argument, NULL, 'i'},
+                {"logits-out", required_argument, NULL, 'o'},
+                {"text", required_argument, NULL, 't'},
+                {"decode", required_argument, NULL, 'd'},
+                {"backend", required_argument, NULL, 'b'},
+                {"threads", required_argument, NULL, 'j'},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
         int c;
@@ -209,7 +210,8 @@ static int read_ids(const char *path, uint32_t vocab, int32_t **ret, uint32_t *r
         }
         uint32_t i = 0;
         const cJSON *item;
-        cJSON_ArrayForEach(item, root) {
+        cJSON_ArrayForEach(item, root)
+        {
                 double v = item->valuedouble;
                 if (!cJSON_IsNumber(item) || v != floor(v) || v < 0 || v >= vocab) {
                         cJSON_Delete(root);
@@ -340,7 +342,7 @@ int cmd_eval(int argc, char **argv)
         }
 
         uint32_t n_blocks = (uint32_t) ((positions + EVAL_BLOCK_TOKENS - 1) / EVAL_BLOCK_TOKENS);
-        r = ops->create(&(BkOptions) { .threads = arg_threads }, &b, &err);
+        r = ops->create(&(BkOptions){.threads = arg_threads}, &b, &err);
         if (r >= 0)
                 r = ops->load(b, &m->bk, &err);
         if (r >= 0) {
@@ -379,7 +381,7 @@ int cmd_eval(int argc, char **argv)
                         .blocks = blocks,
                         .n_blocks = n_blocks,
                         .sample = arg_decode > 0 && pos + len == n,
-                        .sampling = { .temperature = 0, .repetition_penalty = 1 },
+                        .sampling = {.temperature = 0, .repetition_penalty = 1},
                         .logits = logits,
                 };
                 r = ops->step(b, &s, 1, &next, &err);
@@ -390,8 +392,8 @@ int cmd_eval(int argc, char **argv)
                 }
                 if (arg_text)
                         for (uint32_t i = 0; i < len && pos + i + 1 < n; i++)
-                                sum_nll += nll(logits + (size_t) i * c->vocab_size,
-                                        c->vocab_size, ids[pos + i + 1]);
+                                sum_nll += nll(logits + (size_t) i * c->vocab_size, c->vocab_size,
+                                        ids[pos + i + 1]);
         }
         double t_prefill = now_s() - t1;
         fprintf(stderr, "dsquant eval: load %.3f s; %u positions in %.3f s (%.1f tokens/s)\n",
@@ -400,15 +402,13 @@ int cmd_eval(int argc, char **argv)
         if (arg_logits_out) {
                 FILE *f = fopen(arg_logits_out, "we");
                 if (!f || fwrite(logits, sizeof(float) * c->vocab_size, n, f) != n) {
-                        fprintf(stderr, "dsquant eval: Failed to write '%s': %m\n",
-                                arg_logits_out);
+                        fprintf(stderr, "dsquant eval: Failed to write '%s': %m\n", arg_logits_out);
                         if (f)
                                 fclose(f);
                         return EXIT_FAILURE;
                 }
                 if (fclose(f) != 0) {
-                        fprintf(stderr, "dsquant eval: Failed to write '%s': %m\n",
-                                arg_logits_out);
+                        fprintf(stderr, "dsquant eval: Failed to write '%s': %m\n", arg_logits_out);
                         return EXIT_FAILURE;
                 }
         }
@@ -428,7 +428,7 @@ int cmd_eval(int argc, char **argv)
                                 .blocks = blocks,
                                 .n_blocks = n_blocks,
                                 .sample = true,
-                                .sampling = { .temperature = 0, .repetition_penalty = 1 },
+                                .sampling = {.temperature = 0, .repetition_penalty = 1},
                         };
                         r = ops->step(b, &s, 1, &next, &err);
                         if (r < 0) {
