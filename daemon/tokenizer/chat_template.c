@@ -13,9 +13,9 @@
 
 #include "tok_internal.h"
 
-#define DS_USER "<｜User｜>"
+#define DS_USER      "<｜User｜>"
 #define DS_ASSISTANT "<｜Assistant｜>"
-#define DS_EOS "<｜end▁of▁sentence｜>"
+#define DS_EOS       "<｜end▁of▁sentence｜>"
 
 static void cjson_deletep(cJSON **j)
 {
@@ -42,8 +42,8 @@ static int config_token(const Tokenizer *t, const cJSON *root, const char *key, 
         else if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(v, "content")))
                 text = cJSON_GetObjectItemCaseSensitive(v, "content")->valuestring;
         else
-                return ds_error(err, -DS_ERR_FORMAT, "%s: %s is neither a string nor a token object",
-                        path, key);
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: %s is neither a string nor a token object", path, key);
         int32_t id = tokenizer_token_id(t, text);
         if (id < 0)
                 return ds_error(err, -DS_ERR_FORMAT, "%s: %s '%s' is not in the vocabulary", path,
@@ -62,7 +62,7 @@ static const char *config_template(const cJSON *root)
                 return v->valuestring;
         if (!cJSON_IsArray(v))
                 return NULL;
-        cJSON_ArrayForEach(e, v) {
+        cJSON_ArrayForEach (e, v) {
                 const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
                 const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(e, "template");
                 if (cJSON_IsString(name) && !strcmp(name->valuestring, "default") &&
@@ -72,8 +72,7 @@ static const char *config_template(const cJSON *root)
         return NULL;
 }
 
-int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template,
-        DsError *err)
+int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *root = NULL;
         _cleanup_free_ char *buf = NULL;
@@ -199,8 +198,8 @@ static int render_chatml(const ChatMessage *msgs, size_t n, TokBuf *out)
         return r;
 }
 
-int chat_render(const Tokenizer *t, const ChatMessage *msgs, size_t n, char **ret_text,
-        DsError *err)
+int chat_render(
+        const Tokenizer *t, const ChatMessage *msgs, size_t n, char **ret_text, DsError *err)
 {
         _cleanup_(tokbuf_done) TokBuf out = {};
         int r;
@@ -209,7 +208,8 @@ int chat_render(const Tokenizer *t, const ChatMessage *msgs, size_t n, char **re
                 return ds_error(err, -EINVAL, "chat: invalid arguments");
         for (size_t i = 0; i < n; i++) {
                 if (!msgs[i].role || !msgs[i].content)
-                        return ds_error(err, -EINVAL, "chat: message %zu has no role or content", i);
+                        return ds_error(
+                                err, -EINVAL, "chat: message %zu has no role or content", i);
                 if (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "user") &&
                         strcmp(msgs[i].role, "assistant"))
                         return ds_error(err, -EINVAL, "chat: message %zu has unknown role '%s'", i,
@@ -224,7 +224,8 @@ int chat_render(const Tokenizer *t, const ChatMessage *msgs, size_t n, char **re
                 r = render_chatml(msgs, n, &out);
                 break;
         default:
-                return ds_error(err, -DS_ERR_UNSUPPORTED, "chat: the tokenizer has no chat template");
+                return ds_error(
+                        err, -DS_ERR_UNSUPPORTED, "chat: the tokenizer has no chat template");
         }
         if (r >= 0)
                 r = tokbuf_append(&out, "", 1);

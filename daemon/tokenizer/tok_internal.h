@@ -113,12 +113,12 @@ enum {
 
 struct Tokenizer {
         /* model */
-        StrMap vocab;           /* model vocabulary, strings as written in the file */
-        StrMap added_by_text;   /* added-token content -> id */
-        U64Map merges;          /* (left id << 32 | right id) -> (rank << 32 | merged id) */
-        int32_t fallback[256];  /* byte fallback: the <0xNN> tokens, or -1 */
-        int32_t unk;            /* -1 when none */
-        bool byte_level;        /* ByteLevel pre-tokenizer: BPE runs on bytes */
+        StrMap vocab;          /* model vocabulary, strings as written in the file */
+        StrMap added_by_text;  /* added-token content -> id */
+        U64Map merges;         /* (left id << 32 | right id) -> (rank << 32 | merged id) */
+        int32_t fallback[256]; /* byte fallback: the <0xNN> tokens, or -1 */
+        int32_t unk;           /* -1 when none */
+        bool byte_level;       /* ByteLevel pre-tokenizer: BPE runs on bytes */
         bool byte_fallback, fuse_unk, ignore_merges;
 
         NormStep *norm;
@@ -127,7 +127,7 @@ struct Tokenizer {
         /* pre-tokenizer: Split regexes applied in order, then byte-level mapping */
         pcre2_code **splits;
         size_t n_splits;
-        bool prefix_space;      /* ByteLevel add_prefix_space */
+        bool prefix_space; /* ByteLevel add_prefix_space */
 
         AddedToken *added;
         size_t n_added;
@@ -136,12 +136,12 @@ struct Tokenizer {
         /* decoder: what each id turns into */
         DecoderKind decoder;
         uint32_t n_vocab;
-        uint32_t *piece_off;    /* into pieces.p */
+        uint32_t *piece_off; /* into pieces.p */
         uint16_t *piece_len;
-        int16_t *piece_byte;    /* ByteFallback: the byte a <0xNN> token stands for, or -1 */
-        uint8_t *piece_flags;   /* PIECE_* */
+        int16_t *piece_byte;  /* ByteFallback: the byte a <0xNN> token stands for, or -1 */
+        uint8_t *piece_flags; /* PIECE_* */
         TokBuf pieces;
-        char strip_char[5];     /* Strip decoder content, "" when none */
+        char strip_char[5]; /* Strip decoder content, "" when none */
         uint32_t strip_start;
 
         /* tokenizer_config.json */
@@ -215,10 +215,10 @@ static inline bool utf8_valid(const char *s, size_t n)
 /* --- decoding state shared by tokenizer_decode() and TokStream --- */
 
 typedef struct DecodeState {
-        TokBuf pending;      /* ByteLevel: an unfinished character; SP: a byte-token run */
-        uint32_t strip_left; /* Strip: leading strip_char still to remove */
+        TokBuf pending;              /* ByteLevel: an unfinished character; SP: a byte-token run */
+        uint32_t strip_left;         /* Strip: leading strip_char still to remove */
         bool skip_special_for_strip; /* streams: special tokens do not end the strip */
-        size_t run_max;      /* SP runs longer than this are decided early */
+        size_t run_max;              /* SP runs longer than this are decided early */
 } DecodeState;
 
 /* Appends to out the text that id completes. */

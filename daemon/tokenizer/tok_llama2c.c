@@ -40,7 +40,8 @@ static cJSON *added_token(int32_t id, const char *content)
         cJSON *o = cJSON_CreateObject();
         if (!o)
                 return NULL;
-        if (!cJSON_AddNumberToObject(o, "id", id) || !cJSON_AddStringToObject(o, "content", content) ||
+        if (!cJSON_AddNumberToObject(o, "id", id) ||
+                !cJSON_AddStringToObject(o, "content", content) ||
                 !cJSON_AddFalseToObject(o, "single_word") || !cJSON_AddFalseToObject(o, "lstrip") ||
                 !cJSON_AddFalseToObject(o, "rstrip") || !cJSON_AddFalseToObject(o, "normalized") ||
                 !cJSON_AddTrueToObject(o, "special")) {
@@ -65,8 +66,8 @@ static const char LLAMA2_SKELETON[] =
         "\"continuing_subword_prefix\":null,\"end_of_word_suffix\":null,\"fuse_unk\":true,"
         "\"byte_fallback\":true,\"ignore_merges\":false}}";
 
-int tokenizer_json_from_llama2c(const char *path, uint32_t vocab_size, char **ret_json,
-        DsError *err)
+int tokenizer_json_from_llama2c(
+        const char *path, uint32_t vocab_size, char **ret_json, DsError *err)
 {
         _cleanup_(strmap_done) StrMap vocab = {};
         _cleanup_(tokbuf_done) TokBuf merges = {};
@@ -101,9 +102,9 @@ int tokenizer_json_from_llama2c(const char *path, uint32_t vocab_size, char **re
                 memcpy(&n, buf + off + 4, 4);
                 off += 8;
                 if (n < 0 || n > LLAMA2C_PIECE_MAX || (size_t) n > len - off || isnan(scores[id]))
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: token %u has a bad length or score",
-                                path, id);
-                static const char *const specials[] = { "<unk>", "<s>", "</s>" };
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: token %u has a bad length or score", path, id);
+                static const char *const specials[] = {"<unk>", "<s>", "</s>"};
                 if (id < ELEMENTSOF(specials))
                         r = tokbuf_append(&piece, specials[id], strlen(specials[id]));
                 else
@@ -118,8 +119,8 @@ int tokenizer_json_from_llama2c(const char *path, uint32_t vocab_size, char **re
                 if (r < 0)
                         return ds_error(err, r, "%s: out of memory", path);
                 if (r > 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: token %u repeats an earlier piece",
-                                path, id);
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: token %u repeats an earlier piece", path, id);
         }
 
         for (uint32_t id = 0; id < vocab_size; id++) {
@@ -131,8 +132,8 @@ int tokenizer_json_from_llama2c(const char *path, uint32_t vocab_size, char **re
                         int32_t l = strmap_get(&vocab, p, k), rr = strmap_get(&vocab, p + k, n - k);
                         if (l < 0 || rr < 0)
                                 continue;
-                        r = tokbuf_append(&merges,
-                                &(L2Merge) { scores[id], (int32_t) id, l, rr }, sizeof(L2Merge));
+                        r = tokbuf_append(&merges, &(L2Merge){scores[id], (int32_t) id, l, rr},
+                                sizeof(L2Merge));
                         if (r < 0)
                                 return ds_error(err, r, "%s: out of memory", path);
                 }

@@ -37,7 +37,7 @@ int tokbuf_append(TokBuf *b, const void *data, size_t len)
 void tokbuf_done(TokBuf *b)
 {
         free(b->p);
-        *b = (TokBuf) {};
+        *b = (TokBuf){};
 }
 
 /* FNV-1a: short keys, and good enough spread for probing with a power-of-two table. */
@@ -118,8 +118,8 @@ int strmap_put(StrMap *m, const char *key, size_t len, int32_t value)
                 return r;
 
         uint32_t h = str_hash(key, len);
-        m->entries[m->n] = (StrMapEntry) { .off = off, .len = (uint32_t) len, .value = value,
-                .hash = h };
+        m->entries[m->n] =
+                (StrMapEntry){.off = off, .len = (uint32_t) len, .value = value, .hash = h};
         size_t s = h & (m->n_slots - 1);
         while (m->slots[s])
                 s = (s + 1) & (m->n_slots - 1);
@@ -132,7 +132,7 @@ void strmap_done(StrMap *m)
         tokbuf_done(&m->arena);
         free(m->entries);
         free(m->slots);
-        *m = (StrMap) {};
+        *m = (StrMap){};
 }
 
 static int u64map_grow(U64Map *m)
@@ -207,5 +207,5 @@ void u64map_done(U64Map *m)
         free(m->keys);
         free(m->vals);
         free(m->used);
-        *m = (U64Map) {};
+        *m = (U64Map){};
 }

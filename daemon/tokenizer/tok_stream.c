@@ -15,11 +15,12 @@
 #include "tok_internal.h"
 
 static_assert(3 * (TOK_PIECE_MAX + 3) <= TOK_STREAM_OUT_MAX, "a ByteLevel push fits");
-static_assert(3 * (TOK_STREAM_RUN_MAX - 1) + TOK_PIECE_MAX <= TOK_STREAM_OUT_MAX, "an SP push fits");
+static_assert(
+        3 * (TOK_STREAM_RUN_MAX - 1) + TOK_PIECE_MAX <= TOK_STREAM_OUT_MAX, "an SP push fits");
 
 void decode_state_init(const Tokenizer *t, DecodeState *d, bool stream)
 {
-        *d = (DecodeState) {
+        *d = (DecodeState){
                 .strip_left = t->strip_start,
                 .skip_special_for_strip = stream,
                 .run_max = stream ? TOK_STREAM_RUN_MAX : SIZE_MAX,
@@ -54,8 +55,8 @@ static int lossy_drain(TokBuf *pending, TokBuf *out, bool final)
         return r;
 }
 
-static int emit_text(const Tokenizer *t, DecodeState *d, const char *s, size_t len, bool special,
-        TokBuf *out)
+static int emit_text(
+        const Tokenizer *t, DecodeState *d, const char *s, size_t len, bool special, TokBuf *out)
 {
         if (d->strip_left && !(special && d->skip_special_for_strip)) {
                 size_t sl = strlen(t->strip_char);

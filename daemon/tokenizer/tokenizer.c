@@ -39,13 +39,13 @@ static size_t utf8_put(uint32_t cp, char out[static 4])
 
 /* Maps a byte-level token string back to bytes. Returns false when some character is
  * outside the alphabet: the ByteLevel decoder then keeps the string as it is. */
-static bool byte_level_unmap(const int16_t cp_to_byte[static 324], const char *s, size_t len,
-        TokBuf *out)
+static bool byte_level_unmap(
+        const int16_t cp_to_byte[static 324], const char *s, size_t len, TokBuf *out)
 {
         for (size_t i = 0; i < len;) {
                 utf8proc_int32_t cp;
-                utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *) s + i,
-                        (utf8proc_ssize_t) (len - i), &cp);
+                utf8proc_ssize_t k = utf8proc_iterate(
+                        (const utf8proc_uint8_t *) s + i, (utf8proc_ssize_t) (len - i), &cp);
                 if (k <= 0 || cp < 0 || cp >= 324 || cp_to_byte[cp] < 0)
                         return false;
                 char b = (char) cp_to_byte[cp];
@@ -86,7 +86,8 @@ static int jbool(const cJSON *o, const char *key, bool def, bool *ret)
 static bool jint(const cJSON *v, int64_t lo, int64_t hi, int64_t *ret)
 {
         if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double) lo) ||
-                !(v->valuedouble <= (double) hi) || v->valuedouble != (double) (int64_t) v->valuedouble)
+                !(v->valuedouble <= (double) hi) ||
+                v->valuedouble != (double) (int64_t) v->valuedouble)
                 return false;
         *ret = (int64_t) v->valuedouble;
         return true;
@@ -135,11 +136,12 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: model type '%s' is not supported",
                         name, type ?: "(untyped)");
         if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: BPE model needs \"vocab\" and \"merges\"",
-                        name);
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: BPE model needs \"vocab\" and \"merges\"", name);
 
         const cJSON *dropout = jget(model, "dropout");
-        if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        if (dropout && !cJSON_IsNull(dropout) &&
+                !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: BPE dropout is not supported", name);
         const char *cont = jstr(model, "continuing_subword_prefix");
         const char *suffix = jstr(model, "end_of_word_suffix");
@@ -153,11 +155,11 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
                 return ds_error(err, -DS_ERR_FORMAT, "%s: a BPE flag is not a boolean", name);
 
         const cJSON *e;
-        cJSON_ArrayForEach(e, vocab) {
+        cJSON_ArrayForEach (e, vocab) {
                 if (!e->string || !jint(e, 0, TOK_ID_MAX - 1, &id))
                         return ds_error(err, -DS_ERR_FORMAT,
-                                "%s: vocab entry '%s' needs an id below %u", name,
-                                e->string ?: "", TOK_ID_MAX);
+                                "%s: vocab entry '%s' needs an id below %u", name, e->string ?: "",
+                                TOK_ID_MAX);
                 r = strmap_put(&t->vocab, e->string, strlen(e->string), (int32_t) id);
                 if (r < 0)
                         return ds_error(err, r, "%s: out of memory", name);
@@ -168,12 +170,13 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
         }
 
         size_t rank = 0;
-        cJSON_ArrayForEach(e, merges) {
+        cJSON_ArrayForEach (e, merges) {
                 _cleanup_free_ char *buf = NULL, *joined = NULL;
                 const char *a, *b;
 
                 if (parse_merge(e, &a, &b, &buf) < 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: merge %zu is malformed", name, rank);
+                        return ds_error(
+                                err, -DS_ERR_FORMAT, "%s: merge %zu is malformed", name, rank);
                 int32_t ia = strmap_get(&t->vocab, a, strlen(a));
                 int32_t ib = strmap_get(&t->vocab, b, strlen(b));
                 if (asprintf(&joined, "%s%s", a, b) < 0)
@@ -196,8 +199,8 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
         if (unk) {
                 t->unk = strmap_get(&t->vocab, unk, strlen(unk));
                 if (t->unk < 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: unk_token '%s' is not in the vocab",
-                                name, unk);
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: unk_token '%s' is not in the vocab", name, unk);
         }
         for (unsigned b = 0; b < 256; b++) {
                 char hex[8];
@@ -260,7 +263,7 @@ static int parse_added(Tokenizer *t, const cJSON *added, const char *name, DsErr
         if (!t->added)
                 return ds_error(err, -ENOMEM, "%s: out of memory", name);
 
-        cJSON_ArrayForEach(e, added) {
+        cJSON_ArrayForEach (e, added) {
                 AddedToken *a = &t->added[t->n_added];
                 const char *content = jstr(e, "content");
 
@@ -274,8 +277,8 @@ static int parse_added(Tokenizer *t, const cJSON *added, const char *name, DsErr
                         jbool(e, "single_word", false, &a->single_word) < 0 ||
                         jbool(e, "normalized", false, &a->normalized) < 0 ||
                         jbool(e, "special", false, &a->special) < 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: added token '%s' has a non-boolean flag",
-                                name, content);
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: added token '%s' has a non-boolean flag", name, content);
                 a->content = strdup(content);
                 if (!a->content)
                         return ds_error(err, -ENOMEM, "%s: out of memory", name);
@@ -309,8 +312,8 @@ static int build_tries(Tokenizer *t, const char *name, DsError *err)
                                 r = trie_add(&t->trie_norm, norm, n, (int32_t) i);
                 }
                 if (r < 0)
-                        return ds_error(err, r, "%s: added token '%s' cannot be indexed", name,
-                                a->content);
+                        return ds_error(
+                                err, r, "%s: added token '%s' cannot be indexed", name, a->content);
         }
         return 0;
 }
@@ -323,7 +326,7 @@ static int add_norm(Tokenizer *t, NormKind kind, const char *a, const char *b)
         if (!n)
                 return -ENOMEM;
         t->norm = n;
-        n[t->n_norm] = (NormStep) { .kind = kind };
+        n[t->n_norm] = (NormStep){.kind = kind};
         if ((a && !(n[t->n_norm].a = strdup(a))) || (b && !(n[t->n_norm].b = strdup(b)))) {
                 free(n[t->n_norm].a);
                 return -ENOMEM;
@@ -332,8 +335,8 @@ static int add_norm(Tokenizer *t, NormKind kind, const char *a, const char *b)
         return 0;
 }
 
-static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *name, unsigned depth,
-        DsError *err)
+static int parse_normalizer(
+        Tokenizer *t, const cJSON *n, const char *name, unsigned depth, DsError *err)
 {
         const char *type = jstr(n, "type");
         int r = 0;
@@ -345,9 +348,9 @@ static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *name, unsi
         if (!strcmp(type, "Sequence")) {
                 const cJSON *e, *list = jget(n, "normalizers");
                 if (!cJSON_IsArray(list))
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: normalizer Sequence needs a list",
-                                name);
-                cJSON_ArrayForEach(e, list) {
+                        return ds_error(
+                                err, -DS_ERR_FORMAT, "%s: normalizer Sequence needs a list", name);
+                cJSON_ArrayForEach (e, list) {
                         r = parse_normalizer(t, e, name, depth + 1, err);
                         if (r < 0)
                                 return r;
@@ -359,14 +362,15 @@ static int parse_normalizer(Tokenizer *t, const cJSON *n, const char *name, unsi
         else if (!strcmp(type, "Prepend")) {
                 const char *p = jstr(n, "prepend");
                 if (!p)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: Prepend normalizer without text",
-                                name);
+                        return ds_error(
+                                err, -DS_ERR_FORMAT, "%s: Prepend normalizer without text", name);
                 r = add_norm(t, NORM_PREPEND, p, NULL);
         } else if (!strcmp(type, "Replace")) {
                 const char *from = jstr(jget(n, "pattern"), "String"), *to = jstr(n, "content");
                 if (!from || !*from || !to)
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "%s: Replace normalizer: only a non-empty String pattern is supported",
+                                "%s: Replace normalizer: only a non-empty String pattern is "
+                                "supported",
                                 name);
                 r = add_norm(t, NORM_REPLACE, from, to);
         } else
@@ -438,7 +442,7 @@ static int normalize(const Tokenizer *t, const char *s, size_t len, char **ret, 
                         return r;
                 tokbuf_done(&cur);
                 cur = next;
-                next = (TokBuf) {};
+                next = (TokBuf){};
         }
         r = tokbuf_append(&cur, "", 1);
         if (r < 0)
@@ -450,14 +454,15 @@ static int normalize(const Tokenizer *t, const char *s, size_t len, char **ret, 
 
 // --- pre-tokenizer
 
-static int add_split(Tokenizer *t, const char *pattern, bool literal, const char *name,
-        DsError *err)
+static int add_split(
+        Tokenizer *t, const char *pattern, bool literal, const char *name, DsError *err)
 {
         int errcode;
         PCRE2_SIZE erroff;
 
         pcre2_code *re = pcre2_compile((PCRE2_SPTR) pattern, PCRE2_ZERO_TERMINATED,
-                PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C | (literal ? PCRE2_LITERAL : 0), &errcode, &erroff, NULL);
+                PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C | (literal ? PCRE2_LITERAL : 0),
+                &errcode, &erroff, NULL);
         if (!re) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(errcode, msg, sizeof(msg));
@@ -477,8 +482,8 @@ static int add_split(Tokenizer *t, const char *pattern, bool literal, const char
         return 0;
 }
 
-static int parse_pre_tokenizer(Tokenizer *t, const cJSON *p, const char *name, unsigned depth,
-        DsError *err)
+static int parse_pre_tokenizer(
+        Tokenizer *t, const cJSON *p, const char *name, unsigned depth, DsError *err)
 {
         const char *type = jstr(p, "type");
         int r;
@@ -496,7 +501,7 @@ static int parse_pre_tokenizer(Tokenizer *t, const cJSON *p, const char *name, u
                 if (!cJSON_IsArray(list))
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: pre_tokenizer Sequence needs a list", name);
-                cJSON_ArrayForEach(e, list) {
+                cJSON_ArrayForEach (e, list) {
                         r = parse_pre_tokenizer(t, e, name, depth + 1, err);
                         if (r < 0)
                                 return r;
@@ -510,11 +515,12 @@ static int parse_pre_tokenizer(Tokenizer *t, const cJSON *p, const char *name, u
                 bool invert;
 
                 if ((!regex && !literal) || jbool(p, "invert", false, &invert) < 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: malformed Split pre-tokenizer",
-                                name);
+                        return ds_error(
+                                err, -DS_ERR_FORMAT, "%s: malformed Split pre-tokenizer", name);
                 if (!behavior || strcmp(behavior, "Isolated") || invert)
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "%s: Split pre-tokenizer: only behavior Isolated without invert is supported",
+                                "%s: Split pre-tokenizer: only behavior Isolated without invert is "
+                                "supported",
                                 name);
                 return add_split(t, regex ?: literal, !regex, name, err);
         }
@@ -522,19 +528,20 @@ static int parse_pre_tokenizer(Tokenizer *t, const cJSON *p, const char *name, u
                 bool prefix, use_regex;
                 if (jbool(p, "add_prefix_space", true, &prefix) < 0 ||
                         jbool(p, "use_regex", true, &use_regex) < 0)
-                        return ds_error(err, -DS_ERR_FORMAT, "%s: malformed ByteLevel pre-tokenizer",
-                                name);
+                        return ds_error(
+                                err, -DS_ERR_FORMAT, "%s: malformed ByteLevel pre-tokenizer", name);
                 /* Hugging Face prefixes every piece that reaches ByteLevel; only when it
                  * comes first is that the same as prefixing the text. */
                 if (prefix && t->n_splits)
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "%s: ByteLevel add_prefix_space after a Split is not supported", name);
+                                "%s: ByteLevel add_prefix_space after a Split is not supported",
+                                name);
                 t->prefix_space = prefix;
                 t->byte_level = true;
                 return use_regex ? add_split(t, GPT2_PATTERN, false, name, err) : 0;
         }
-        return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported", name,
-                type);
+        return ds_error(
+                err, -DS_ERR_UNSUPPORTED, "%s: pre-tokenizer '%s' is not supported", name, type);
 }
 
 // --- decoder
@@ -544,8 +551,8 @@ typedef struct DecoderSpec {
         bool byte_fallback;
 } DecoderSpec;
 
-static int parse_decoder(Tokenizer *t, const cJSON *d, DecoderSpec *spec, const char *name,
-        DsError *err)
+static int parse_decoder(
+        Tokenizer *t, const cJSON *d, DecoderSpec *spec, const char *name, DsError *err)
 {
         const char *type = jstr(d, "type");
         const cJSON *e;
@@ -553,26 +560,27 @@ static int parse_decoder(Tokenizer *t, const cJSON *d, DecoderSpec *spec, const 
         bool fused = false;
 
         if (!type)
-                return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: a missing decoder is not supported",
-                        name);
+                return ds_error(
+                        err, -DS_ERR_UNSUPPORTED, "%s: a missing decoder is not supported", name);
         if (!strcmp(type, "ByteLevel")) {
                 t->decoder = DECODER_BYTE_LEVEL;
                 return 0;
         }
         if (strcmp(type, "Sequence") || !cJSON_IsArray(jget(d, "decoders")))
-                return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported", name,
-                        type);
+                return ds_error(
+                        err, -DS_ERR_UNSUPPORTED, "%s: decoder '%s' is not supported", name, type);
 
         /* The SentencePiece chain, each step optional but in this order. */
         t->decoder = DECODER_SENTENCEPIECE;
-        cJSON_ArrayForEach(e, jget(d, "decoders")) {
+        cJSON_ArrayForEach (e, jget(d, "decoders")) {
                 const char *st = jstr(e, "type") ?: "(untyped)";
                 if (!strcmp(st, "Replace") && stage <= S_REPLACE) {
                         spec->replace_from = jstr(jget(e, "pattern"), "String");
                         spec->replace_to = jstr(e, "content");
                         if (!spec->replace_from || !*spec->replace_from || !spec->replace_to)
                                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                        "%s: Replace decoder: only a non-empty String pattern is supported",
+                                        "%s: Replace decoder: only a non-empty String pattern is "
+                                        "supported",
                                         name);
                         stage = S_BYTE_FALLBACK;
                 } else if (!strcmp(st, "ByteFallback") && stage <= S_BYTE_FALLBACK) {
@@ -591,7 +599,8 @@ static int parse_decoder(Tokenizer *t, const cJSON *d, DecoderSpec *spec, const 
                                 !jint(jget(e, "start"), 0, 64, &start) ||
                                 !jint(jget(e, "stop"), 0, 0, &stop))
                                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                        "%s: Strip decoder: only one character, start <= 64 and stop 0 are supported",
+                                        "%s: Strip decoder: only one character, start <= 64 and "
+                                        "stop 0 are supported",
                                         name);
                         strcpy(t->strip_char, content);
                         t->strip_start = (uint32_t) start;
@@ -614,8 +623,9 @@ static int fallback_byte(const char *s, size_t len)
                 h++;
         int v = 0;
         for (; h < s + 5; h++) {
-                int d = *h >= '0' && *h <= '9' ? *h - '0' :
-                        (*h | 0x20) >= 'a' && (*h | 0x20) <= 'f' ? (*h | 0x20) - 'a' + 10 : -1;
+                int d = *h >= '0' && *h <= '9'                     ? *h - '0'
+                        : (*h | 0x20) >= 'a' && (*h | 0x20) <= 'f' ? (*h | 0x20) - 'a' + 10
+                                                                   : -1;
                 if (d < 0)
                         return -1;
                 v = v * 16 + d;
@@ -637,7 +647,8 @@ static int build_pieces(Tokenizer *t, const DecoderSpec *spec, const char *name,
         t->piece_len = calloc(n ? n : 1, sizeof(*t->piece_len));
         t->piece_byte = malloc((n ? n : 1) * sizeof(*t->piece_byte));
         t->piece_flags = calloc(n ? n : 1, sizeof(*t->piece_flags));
-        if (!text || !text_len || !t->piece_off || !t->piece_len || !t->piece_byte || !t->piece_flags)
+        if (!text || !text_len || !t->piece_off || !t->piece_len || !t->piece_byte ||
+                !t->piece_flags)
                 return ds_error(err, -ENOMEM, "%s: out of memory", name);
 
         for (size_t i = 0; i < t->vocab.n; i++) {
@@ -669,8 +680,8 @@ static int build_pieces(Tokenizer *t, const DecoderSpec *spec, const char *name,
                         } else
                                 r = 0;
                 } else if (spec->replace_from)
-                        r = tok_replace_all(text[id], text_len[id], spec->replace_from, spec->replace_to,
-                                &t->pieces);
+                        r = tok_replace_all(text[id], text_len[id], spec->replace_from,
+                                spec->replace_to, &t->pieces);
                 else
                         r = tokbuf_append(&t->pieces, text[id], text_len[id]);
                 if (r < 0)
@@ -734,8 +745,8 @@ static int tokenizer_parse(Tokenizer *t, const cJSON *root, const char *name, Ds
         return 0;
 }
 
-int tokenizer_load_from_memory(const char *json, size_t len, const char *name, Tokenizer **ret,
-        DsError *err)
+int tokenizer_load_from_memory(
+        const char *json, size_t len, const char *name, Tokenizer **ret, DsError *err)
 {
         _cleanup_(tokenizer_freep) Tokenizer *t = NULL;
         int r;
@@ -855,8 +866,8 @@ Tokenizer *tokenizer_free(Tokenizer *t)
 static bool cp_is_space(int32_t c)
 {
         return (c >= 0x09 && c <= 0x0d) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-                (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
-                c == 0x205f || c == 0x3000;
+               (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+               c == 0x205f || c == 0x3000;
 }
 
 /* Rust regex's Unicode \w, which single_word tests at both ends: Alphabetic, marks,
@@ -908,13 +919,13 @@ typedef struct Seg {
 
 static int seg_push(TokBuf *segs, size_t start, size_t end, int32_t id)
 {
-        return tokbuf_append(segs, &(Seg) { start, end, id }, sizeof(Seg));
+        return tokbuf_append(segs, &(Seg){start, end, id}, sizeof(Seg));
 }
 
 /* Hugging Face's AddedVocabulary::find_matches: leftmost-longest matches, non-overlapping,
  * with single_word, lstrip and rstrip applied to each. */
-static int added_split(const Tokenizer *t, const AddedTrie *tr, const char *s, size_t len,
-        TokBuf *segs)
+static int added_split(
+        const Tokenizer *t, const AddedTrie *tr, const char *s, size_t len, TokBuf *segs)
 {
         size_t start_offset = 0, i = 0;
         int r;
@@ -946,7 +957,8 @@ static int added_split(const Tokenizer *t, const AddedTrie *tr, const char *s, s
                 size_t start = i;
                 i = stop;
                 if (a->single_word) {
-                        bool start_space = start == 0 || !cp_is_word(cp_at(s, utf8_prev(s, start), len));
+                        bool start_space =
+                                start == 0 || !cp_is_word(cp_at(s, utf8_prev(s, start), len));
                         bool stop_space = stop == len || !cp_is_word(cp_at(s, stop, len));
                         if (!start_space || !stop_space)
                                 continue;
@@ -962,7 +974,7 @@ static int added_split(const Tokenizer *t, const AddedTrie *tr, const char *s, s
                                 int32_t cp = cp_at(s, stop, len);
                                 if (!cp_is_space(cp))
                                         break;
-                                stop += (size_t) utf8proc_encode_char(cp, (utf8proc_uint8_t[4]) {});
+                                stop += (size_t) utf8proc_encode_char(cp, (utf8proc_uint8_t[4]){});
                         }
                         i = stop;
                 }
@@ -1042,17 +1054,20 @@ static int try_pair(const Tokenizer *t, TokBuf *heap, const Sym *syms, int32_t p
         uint64_t v;
         int32_t next = syms[pos].next;
 
-        if (next < 0 ||
-                !u64map_get(&t->merges, (uint64_t) syms[pos].id << 32 | (uint32_t) syms[next].id, &v))
+        if (next < 0 || !u64map_get(&t->merges,
+                                (uint64_t) syms[pos].id << 32 | (uint32_t) syms[next].id, &v))
                 return 0;
-        return heap_push(heap, (Merge) { .rank = (int32_t) (v >> 32), .pos = pos,
-                .left = syms[pos].id, .right = syms[next].id, .merged = (int32_t) (uint32_t) v });
+        return heap_push(heap, (Merge){.rank = (int32_t) (v >> 32),
+                                       .pos = pos,
+                                       .left = syms[pos].id,
+                                       .right = syms[next].id,
+                                       .merged = (int32_t) (uint32_t) v});
 }
 
 static int sym_add(TokBuf *syms, int32_t id)
 {
         int32_t n = (int32_t) (syms->n / sizeof(Sym));
-        return tokbuf_append(syms, &(Sym) { id, n - 1, -1 }, sizeof(Sym));
+        return tokbuf_append(syms, &(Sym){id, n - 1, -1}, sizeof(Sym));
 }
 
 /* One pre-tokenized piece through BPE: one symbol per character (per byte when
@@ -1073,8 +1088,8 @@ static int bpe_piece(const Tokenizer *t, const char *s, size_t len, TokBuf *out)
                 }
         }
         if (t->ignore_merges) {
-                int32_t id = t->byte_level ? strmap_get(&t->vocab, mapped.p, mapped.n) :
-                                             strmap_get(&t->vocab, s, len);
+                int32_t id = t->byte_level ? strmap_get(&t->vocab, mapped.p, mapped.n)
+                                           : strmap_get(&t->vocab, s, len);
                 if (id >= 0)
                         return tokbuf_append(out, &id, sizeof(id));
         }
@@ -1175,15 +1190,15 @@ static int split_pieces(const pcre2_code *re, pcre2_match_data *md, const char *
                 size_t len = in[p].len, pos = 0, last = 0;
 
                 while (pos < len) {
-                        int rc = pcre2_match(re, (PCRE2_SPTR) subj, len, pos, PCRE2_NO_UTF_CHECK, md,
-                                NULL);
+                        int rc = pcre2_match(
+                                re, (PCRE2_SPTR) subj, len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
                         if (rc == PCRE2_ERROR_NOMATCH)
                                 break;
                         if (rc < 0) {
                                 PCRE2_UCHAR msg[256];
                                 pcre2_get_error_message(rc, msg, sizeof(msg));
-                                return ds_error(err, -EOVERFLOW, "tokenizer: regex match failed: %s",
-                                        (const char *) msg);
+                                return ds_error(err, -EOVERFLOW,
+                                        "tokenizer: regex match failed: %s", (const char *) msg);
                         }
                         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
                         if (ov[1] <= ov[0]) {
@@ -1194,19 +1209,19 @@ static int split_pieces(const pcre2_code *re, pcre2_match_data *md, const char *
                                 continue;
                         }
                         if (ov[0] > last) {
-                                r = tokbuf_append(out, &(Span) { in[p].off + last, ov[0] - last },
-                                        sizeof(Span));
+                                r = tokbuf_append(
+                                        out, &(Span){in[p].off + last, ov[0] - last}, sizeof(Span));
                                 if (r < 0)
                                         return ds_error(err, r, "tokenizer: out of memory");
                         }
-                        r = tokbuf_append(out, &(Span) { in[p].off + ov[0], ov[1] - ov[0] },
-                                sizeof(Span));
+                        r = tokbuf_append(
+                                out, &(Span){in[p].off + ov[0], ov[1] - ov[0]}, sizeof(Span));
                         if (r < 0)
                                 return ds_error(err, r, "tokenizer: out of memory");
                         last = pos = ov[1];
                 }
                 if (last < len) {
-                        r = tokbuf_append(out, &(Span) { in[p].off + last, len - last }, sizeof(Span));
+                        r = tokbuf_append(out, &(Span){in[p].off + last, len - last}, sizeof(Span));
                         if (r < 0)
                                 return ds_error(err, r, "tokenizer: out of memory");
                 }
@@ -1229,12 +1244,13 @@ static int encode_text(const Tokenizer *t, pcre2_match_data *md, const char *s, 
                 s = prefixed.p;
                 len = prefixed.n;
         }
-        r = tokbuf_append(&a, &(Span) { 0, len }, sizeof(Span));
+        r = tokbuf_append(&a, &(Span){0, len}, sizeof(Span));
         if (r < 0)
                 return ds_error(err, r, "tokenizer: out of memory");
         for (size_t i = 0; i < t->n_splits; i++) {
                 b.n = 0;
-                r = split_pieces(t->splits[i], md, s, (const Span *) a.p, a.n / sizeof(Span), &b, err);
+                r = split_pieces(
+                        t->splits[i], md, s, (const Span *) a.p, a.n / sizeof(Span), &b, err);
                 if (r < 0)
                         return r;
                 TokBuf tmp = a;
@@ -1297,11 +1313,12 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t *
                 for (size_t j = 0; j < segs2.n / sizeof(Seg); j++) {
                         const Seg *s2 = &((const Seg *) segs2.p)[j];
                         if (s2->id >= 0)
-                                r = tokbuf_append(&out, &s2->id, sizeof(int32_t)) < 0 ?
-                                        ds_error(err, -ENOMEM, "tokenizer: out of memory") : 0;
+                                r = tokbuf_append(&out, &s2->id, sizeof(int32_t)) < 0
+                                            ? ds_error(err, -ENOMEM, "tokenizer: out of memory")
+                                            : 0;
                         else
-                                r = encode_text(t, md, norm + s2->start, s2->end - s2->start, &out,
-                                        err);
+                                r = encode_text(
+                                        t, md, norm + s2->start, s2->end - s2->start, &out, err);
                         if (r < 0)
                                 return r;
                 }

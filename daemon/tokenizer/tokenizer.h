@@ -21,7 +21,13 @@ typedef enum ChatFamily {
 } ChatFamily;
 
 /* Loads tokenizer.json. Unsupported models, normalizers, pre-tokenizers or decoders are
- * refused with -DS_ERR_UNSUPPORTED and a message naming them. */
+ * refused with -DS_ERR_UNSUPPORTED and a message naming them, as is a token that decodes
+ * to more than 320 bytes (it would not fit one stream push). Supported: BPE with vocab and
+ * merges (ignore_merges, byte_fallback, unk_token, fuse_unk); normalizers NFC, Prepend,
+ * Replace (literal) and Sequences of them; pre-tokenizers Split (Isolated) and ByteLevel;
+ * decoders ByteLevel, or a Sequence of Replace, ByteFallback, Fuse, Strip in that order.
+ * Without tokenizer_config.json a SentencePiece-style file takes "<s>" and "</s>" as BOS
+ * and EOS and adds BOS; a byte-level one has neither. */
 int tokenizer_load(const char *path, Tokenizer **ret, DsError *err);
 
 /* The same from a tokenizer.json already in memory (len bytes, no NUL needed); name is
@@ -71,7 +77,12 @@ ChatFamily tokenizer_chat_family(const Tokenizer *t);
 
 /* Incremental decoding for streaming: push ids one at a time and get back only complete
  * UTF-8 text, never half a character, and the same bytes in total as tokenizer_decode()
- * over the pushed ids minus the primed ones. */
+ * over the pushed ids minus the primed ones. Two exceptions, both for SentencePiece-style
+ * decoders: the Strip step (drop the leading space) passes over special tokens, so after
+ * priming with just BOS the first generated piece loses its space, as llama2.c prints it
+ * (tokenizer_decode() gives "<s> Once", the stream "Once"); and a run of more than
+ * TOK_STREAM_RUN_MAX (224) byte-fallback tokens is decided early, which differs from a
+ * whole decode only if a later byte of the same run is invalid UTF-8. */
 typedef struct TokStream TokStream;
 
 #define TOK_STREAM_OUT_MAX 1024 /* the most one push can return */
@@ -79,7 +90,8 @@ typedef struct TokStream TokStream;
 int tok_stream_new(const Tokenizer *t, TokStream **ret);
 TokStream *tok_stream_free(TokStream *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(TokStream *, tok_stream_free);
-/* Feeds prompt ids whose text the caller already has: updates state, emits nothing. */
+/* Feeds prompt ids whose text the caller already has: updates state, emits nothing. Bytes
+ * of a character the prompt leaves unfinished come out with the push that completes it. */
 int tok_stream_prime(TokStream *s, const int32_t *ids, size_t n);
 /* Appends the text that id completes to out; returns its length (0..TOK_STREAM_OUT_MAX). */
 int tok_stream_push(TokStream *s, int32_t id, char out[static TOK_STREAM_OUT_MAX]);

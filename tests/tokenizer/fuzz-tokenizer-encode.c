@@ -28,8 +28,8 @@ static char *stream(const Tokenizer *t, const int32_t *ids, size_t n, size_t *re
         return out.p;
 }
 
-static void check_decode(const Tokenizer *t, const int32_t *ids, size_t n, const char *want,
-        size_t want_len)
+static void check_decode(
+        const Tokenizer *t, const int32_t *ids, size_t n, const char *want, size_t want_len)
 {
         _cleanup_free_ char *dec = NULL, *str = NULL;
         DsError err = {};

@@ -11,8 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-        static const char *const texts[] = { "", "ab ab\n", " a b  c 12 é [X] x",
-                "<|end|><s>ab</s><think>", "\xc3\xa9\xf0\x9f\x98\x80 \t\r\n" };
+        static const char *const texts[] = {"", "ab ab\n", " a b  c 12 é [X] x",
+                "<|end|><s>ab</s><think>", "\xc3\xa9\xf0\x9f\x98\x80 \t\r\n"};
         _cleanup_(tokenizer_freep) Tokenizer *t = NULL;
         DsError err = {};
 

@@ -24,9 +24,11 @@ static void ref_load(RefTokenizer *t, const char *path)
         CHECK(f, "cannot open %s", path);
         CHECK(fread(&max_len, 4, 1, f) == 1, "header");
         for (int i = 0; i < VOCAB_SIZE; i++) {
-                CHECK(fread(&t->scores[i], 4, 1, f) == 1 && fread(&len, 4, 1, f) == 1, "token %d", i);
+                CHECK(fread(&t->scores[i], 4, 1, f) == 1 && fread(&len, 4, 1, f) == 1, "token %d",
+                        i);
                 t->vocab[i] = calloc((size_t) len + 1, 1);
-                CHECK(t->vocab[i] && fread(t->vocab[i], 1, (size_t) len, f) == (size_t) len, "token %d", i);
+                CHECK(t->vocab[i] && fread(t->vocab[i], 1, (size_t) len, f) == (size_t) len,
+                        "token %d", i);
         }
         fclose(f);
 }
@@ -67,7 +69,8 @@ static size_t ref_encode(const RefTokenizer *t, const char *text, int *tokens)
                 float best_score = -1e10f;
                 int best_id = -1, best_idx = -1;
                 for (size_t i = 0; i + 1 < n; i++) {
-                        snprintf(buf, sizeof(buf), "%s%s", t->vocab[tokens[i]], t->vocab[tokens[i + 1]]);
+                        snprintf(buf, sizeof(buf), "%s%s", t->vocab[tokens[i]],
+                                t->vocab[tokens[i + 1]]);
                         int id = ref_lookup(t, buf);
                         if (id != -1 && t->scores[id] > best_score) {
                                 best_score = t->scores[id];
@@ -207,7 +210,7 @@ int main(void)
                         pos += (size_t) k;
                 }
                 CHECK(!strcmp(all, "Once upon"), "stream after BOS gave \"%s\"", all);
-                int32_t with_bos[16] = { 1 };
+                int32_t with_bos[16] = {1};
                 memcpy(with_bos + 1, ids, n * sizeof(int32_t));
                 CHECK(tokenizer_decode(t, with_bos, n + 1, &dec, NULL, &err) == 0, "%s", err.msg);
                 CHECK(!strcmp(dec, "<s> Once upon"), "decode with BOS gave \"%s\"", dec);

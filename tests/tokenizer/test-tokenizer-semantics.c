@@ -79,7 +79,7 @@ static void check_stream(const Tokenizer *t, size_t n_prime, const int32_t *prim
         CHECK(!strcmp(all, want), "streamed \"%s\", want \"%s\"", all, want);
 }
 
-#define IDS(...) ELEMENTSOF(((int32_t[]) { __VA_ARGS__ })), ((int32_t[]) { __VA_ARGS__ })
+#define IDS(...) ELEMENTSOF(((int32_t[]){__VA_ARGS__})), ((int32_t[]){__VA_ARGS__})
 
 int main(int argc, char **argv)
 {
@@ -115,12 +115,20 @@ int main(int argc, char **argv)
                 check_encode(t, "", 0);
                 check_decode(t, "\xc3\xa9", IDS(3, 4));
                 check_decode(t, "\xef\xbf\xbd", IDS(3));
-                check_decode(t, "\xef\xbf\xbd" "a", IDS(3, 7));
-                check_decode(t, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "a", IDS(5, 3, 4, 7));
+                check_decode(t,
+                        "\xef\xbf\xbd"
+                        "a",
+                        IDS(3, 7));
+                check_decode(t,
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                        "a",
+                        IDS(5, 3, 4, 7));
                 check_decode(t, "<s> a", IDS(1, 9));
                 check_decode(t, "  a", IDS(6, 6, 9));
                 check_decode(t, "\xef\xbf\xbd<unk> ab", IDS(4, 0, 11));
-                check_stream(t, 0, NULL, IDS(5, 3, 4, 7), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "a");
+                check_stream(t, 0, NULL, IDS(5, 3, 4, 7),
+                        "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+                        "a");
                 check_stream(t, IDS(1), IDS(9, 6, 8), "a b");
                 check_stream(t, IDS(1, 9), IDS(6, 8), " b");
         }

@@ -19,8 +19,8 @@ static char *read_all(const char *path, size_t *ret_len)
 }
 
 /* Streams ids[skip..] after priming with ids[..skip]; checks each chunk is whole UTF-8. */
-static char *stream_decode(const Tokenizer *t, const int32_t *ids, size_t n, size_t skip,
-        size_t *ret_len)
+static char *stream_decode(
+        const Tokenizer *t, const int32_t *ids, size_t n, size_t skip, size_t *ret_len)
 {
         _cleanup_(tok_stream_freep) TokStream *s = NULL;
         char chunk[TOK_STREAM_OUT_MAX];
@@ -58,7 +58,7 @@ int main(int argc, char **argv)
         cJSON *root = cJSON_ParseWithLength(json, len);
         CHECK(root, "%s does not parse", argv[2]);
         const cJSON *c;
-        cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases")) {
+        cJSON_ArrayForEach (c, cJSON_GetObjectItem(root, "cases")) {
                 const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
                 const char *decoded = cJSON_GetObjectItem(c, "decoded")->valuestring;
                 const cJSON *jids = cJSON_GetObjectItem(c, "ids"), *e;
@@ -69,10 +69,12 @@ int main(int argc, char **argv)
                 size_t dec_len, str_len, half_len, primed_len;
 
                 n_cases++;
-                cJSON_ArrayForEach(e, jids) want[k++] = (int32_t) e->valuedouble;
+                cJSON_ArrayForEach (e, jids)
+                        want[k++] = (int32_t) e->valuedouble;
                 CHECK(tokenizer_encode(t, text, strlen(text), &ids, &n, &err) == 0, "%s", err.msg);
                 if (n != n_want || memcmp(ids, want, n * sizeof(int32_t))) {
-                        fprintf(stderr, "case %zu: encoding differs for \"%s\"\n  got ", n_cases, text);
+                        fprintf(stderr, "case %zu: encoding differs for \"%s\"\n  got ", n_cases,
+                                text);
                         for (size_t i = 0; i < n; i++)
                                 fprintf(stderr, "%d ", ids[i]);
                         fprintf(stderr, "\n want ");
@@ -103,7 +105,7 @@ int main(int argc, char **argv)
                         n_stream++;
         }
         cJSON_Delete(root);
-        printf("%s: %zu cases: encode %zu/%zu, decode %zu/%zu, stream %zu/%zu\n", argv[2],
-                n_cases, n_enc, n_cases, n_dec, n_cases, n_stream, n_cases);
+        printf("%s: %zu cases: encode %zu/%zu, decode %zu/%zu, stream %zu/%zu\n", argv[2], n_cases,
+                n_enc, n_cases, n_dec, n_cases, n_stream, n_cases);
         return n_cases > 0 && n_enc == n_cases && n_dec == n_cases && n_stream == n_cases ? 0 : 1;
 }

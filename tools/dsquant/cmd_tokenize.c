@@ -25,7 +25,8 @@ static void help(FILE *f, const char *name)
                 name,
                 tok ? "Read one JSON string per line on stdin and write its token ids as one JSON\n"
                       "array per line."
-                    : "Read one JSON array of token ids per line on stdin and write the decoded text\n"
+                    : "Read one JSON array of token ids per line on stdin and write the decoded "
+                      "text\n"
                       "as one JSON string per line.");
 }
 
@@ -33,8 +34,8 @@ static void help(FILE *f, const char *name)
 static int parse_argv(int argc, char **argv)
 {
         static const struct option options[] = {
-                { "tokenizer", required_argument, NULL, 't' },
-                { "help", no_argument, NULL, 'h' },
+                {"tokenizer", required_argument, NULL, 't'},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
         int c;
@@ -74,8 +75,9 @@ static int hex4(const char *s, unsigned *ret)
         unsigned v = 0;
         for (int i = 0; i < 4; i++) {
                 char c = s[i];
-                int d = c >= '0' && c <= '9' ? c - '0' :
-                        (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+                int d = c >= '0' && c <= '9'                     ? c - '0'
+                        : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10
+                                                                 : -1;
                 if (d < 0)
                         return -EINVAL;
                 v = v * 16 + (unsigned) d;
@@ -122,8 +124,8 @@ static int parse_json_string(const char *s, size_t len, char **ret, size_t *ret_
                 if (cp >= 0xdc00 && cp <= 0xdfff)
                         return -EINVAL;
                 if (cp >= 0xd800 && cp <= 0xdbff) {
-                        if (len - i < 6 || s[i] != '\\' || s[i + 1] != 'u' || hex4(s + i + 2, &lo) < 0 ||
-                                lo < 0xdc00 || lo > 0xdfff)
+                        if (len - i < 6 || s[i] != '\\' || s[i + 1] != 'u' ||
+                                hex4(s + i + 2, &lo) < 0 || lo < 0xdc00 || lo > 0xdfff)
                                 return -EINVAL;
                         i += 6;
                         cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
@@ -258,7 +260,8 @@ int cmd_detokenize(int argc, char **argv)
 
                 lineno++;
                 if (!cJSON_IsArray(arr)) {
-                        fprintf(stderr, "dsquant detokenize: <stdin>:%zu: expected one JSON array of ids\n",
+                        fprintf(stderr,
+                                "dsquant detokenize: <stdin>:%zu: expected one JSON array of ids\n",
                                 lineno);
                         return EXIT_FAILURE;
                 }
@@ -267,10 +270,13 @@ int cmd_detokenize(int argc, char **argv)
                         fprintf(stderr, "dsquant detokenize: out of memory\n");
                         return EXIT_FAILURE;
                 }
-                cJSON_ArrayForEach(e, arr) {
+                cJSON_ArrayForEach (e, arr) {
                         double v = e->valuedouble;
-                        if (!cJSON_IsNumber(e) || !(v >= 0 && v <= INT32_MAX) || v != (double) (int32_t) v) {
-                                fprintf(stderr, "dsquant detokenize: <stdin>:%zu: element %zu is not a token id\n",
+                        if (!cJSON_IsNumber(e) || !(v >= 0 && v <= INT32_MAX) ||
+                                v != (double) (int32_t) v) {
+                                fprintf(stderr,
+                                        "dsquant detokenize: <stdin>:%zu: element %zu is not a "
+                                        "token id\n",
                                         lineno, n);
                                 return EXIT_FAILURE;
                         }
