@@ -3,7 +3,7 @@
  * named on the command line (files or directories), then over deterministic mutations of
  * them (bit flips, truncations, byte overwrites, splices), so that the default test suite
  * drives each parser with hostile input under the sanitizers. FUZZ_ITERATIONS sets the
- * number of mutations per corpus file (default 300). */
+ * number of mutations per corpus file (default 1000). */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -131,7 +131,7 @@ static size_t mutate(const Input *in, uint8_t *out, size_t cap)
 int main(int argc, char **argv)
 {
         const char *it = getenv("FUZZ_ITERATIONS");
-        unsigned long iterations = it ? strtoul(it, NULL, 10) : 300;
+        unsigned long iterations = it ? strtoul(it, NULL, 10) : 1000;
         unsigned long runs = 0;
 
         for (int i = 1; i < argc; i++)
