@@ -27,6 +27,7 @@ const char *finish_reason_name(FinishReason r)
                 [FINISH_LENGTH] = "length",
                 [FINISH_EOS] = "eos",
                 [FINISH_STOP] = "stop",
+                [FINISH_CANCELLED] = "cancelled",
         };
         return r >= 0 && r < _FINISH_MAX ? names[r] : "unknown";
 }

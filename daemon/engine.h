@@ -44,6 +44,7 @@ typedef enum FinishReason {
         FINISH_LENGTH, /* max tokens or the context limit */
         FINISH_EOS,
         FINISH_STOP,   /* a stop string */
+        FINISH_CANCELLED, /* the client cancelled or went away (serving path only) */
         _FINISH_MAX,
 } FinishReason;
 
@@ -68,6 +69,13 @@ typedef struct GenResult {
 /* Called with each piece of output text as it becomes final (whole UTF-8 characters,
  * never part of a stop string). */
 typedef void (*GenEmit)(void *userdata, const char *text, size_t len);
+
+/* The prompt's token ids as engine_generate() feeds them: text wrapped as one user turn of
+ * the chat template when chat is set (and the tokenizer knows one), else BOS (when the
+ * tokenizer adds one) and the text. Never empty. The serving path uses it too, so both
+ * paths see the same ids for the same text. */
+int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
+        size_t *ret_n, DsError *err);
 
 /* Runs one request to completion on a fresh sequence. */
 int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emit,

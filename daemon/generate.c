@@ -73,7 +73,7 @@ static bool pending_release(Pending *p, const GenParams *gp, bool final, GenEmit
         return stopped;
 }
 
-static int build_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
+int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
         size_t *ret_n, DsError *err)
 {
         _cleanup_free_ char *rendered = NULL;
@@ -136,7 +136,7 @@ int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit em
         uint64_t t0;
         int r;
 
-        r = build_prompt(e, text, gp->chat, &prompt, &n_prompt, err);
+        r = engine_encode_prompt(e, text, gp->chat, &prompt, &n_prompt, err);
         if (r < 0)
                 return r;
 

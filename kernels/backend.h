@@ -125,6 +125,8 @@ typedef struct BkSeq {
         uint32_t n_history;
         uint64_t draw;              /* the request's draw counter: its n-th sampled token */
         float *logits;              /* optional out: [n_tokens][vocab_size], or NULL */
+        float *sample_logits;       /* optional out: [vocab_size] the raw logits of the row
+                                     * sampled from (for logprobs), or NULL; only with sample */
 } BkSeq;
 
 typedef struct BkOptions {

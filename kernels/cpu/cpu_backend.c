@@ -501,9 +501,12 @@ static void tile_outputs(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret
                 if (seq->logits)
                         memcpy(seq->logits + (size_t) (row->pos - seq->pos) * c->vocab_size, lg,
                                 c->vocab_size * sizeof(float));
-                if (seq->sample && row->pos == seq->pos + seq->n_tokens - 1)
+                if (seq->sample && row->pos == seq->pos + seq->n_tokens - 1) {
+                        if (seq->sample_logits)
+                                memcpy(seq->sample_logits, lg, c->vocab_size * sizeof(float));
                         ret_ids[row->seq] = bk_sample(lg, c->vocab_sample, &seq->sampling,
                                 seq->history, seq->n_history, seq->draw, s->sample_f, s->sample_i);
+                }
         }
 }
 
