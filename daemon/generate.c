@@ -23,6 +23,8 @@ static void pending_done(Pending *p)
 
 static int pending_append(Pending *p, const char *s, size_t n)
 {
+        if (n == 0)
+                return 0;
         if (p->len + n > p->cap) {
                 size_t cap = MAX(p->cap * 2, p->len + n + 256);
                 char *b = realloc(p->buf, cap);
@@ -66,7 +68,7 @@ static bool pending_release(Pending *p, const GenParams *gp, bool final, GenEmit
                 emit(userdata, p->buf, cut);
         if (stopped)
                 p->len = 0;
-        else {
+        else if (cut > 0) {
                 memmove(p->buf, p->buf + cut, p->len - cut);
                 p->len -= cut;
         }
