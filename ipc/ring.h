@@ -103,14 +103,15 @@ static inline int ring_push(Ring *r, const union ds_wire_slot *rec)
         return 0;
 }
 
-/* After ring_publish(): does the consumer sleep and need a wake-up? */
-static inline bool ring_consumer_needs_wake(const Ring *r)
+/* After ring_publish(): how does the consumer sleep (DS_WIRE_WAKE_* bits; 0: it runs and
+ * needs no wake-up)? */
+static inline uint32_t ring_consumer_needs_wake(const Ring *r)
 {
         /* Full fence: pairs with the fence in ring_consumer_prepare_sleep(). Orders our
          * tail store before the flag load (Dekker), which release/acquire alone won't. */
         atomic_thread_fence(memory_order_seq_cst);
         /* Relaxed: ordered by the fence above. */
-        return atomic_load_explicit(&r->ctl->consumer_waiting, memory_order_relaxed) != 0;
+        return atomic_load_explicit(&r->ctl->consumer_waiting, memory_order_relaxed);
 }
 
 /* Before sleeping on free slots: raises producer_waiting and returns the space seen after
@@ -188,13 +189,13 @@ static inline bool ring_producer_needs_wake(const Ring *r)
         return atomic_load_explicit(&r->ctl->producer_waiting, memory_order_relaxed) != 0;
 }
 
-/* Before sleeping on new records: raises consumer_waiting and returns what is available
- * after the fence (sleep only if it is 0), or -EBADMSG. *ret_tail gets the tail value to
- * pass to a futex wait. */
-static inline int64_t ring_consumer_prepare_sleep(Ring *r, uint32_t *ret_tail)
+/* Before sleeping on new records: sets consumer_waiting to how = DS_WIRE_WAKE_* bits (the
+ * daemon always uses 1) and returns what is available after the fence (sleep only if it
+ * is 0), or -EBADMSG. *ret_tail gets the tail value to pass to a futex wait. */
+static inline int64_t ring_consumer_prepare_sleep(Ring *r, uint32_t how, uint32_t *ret_tail)
 {
         /* Relaxed store, ordered by the fence below. */
-        atomic_store_explicit(&r->ctl->consumer_waiting, 1, memory_order_relaxed);
+        atomic_store_explicit(&r->ctl->consumer_waiting, how, memory_order_relaxed);
         /* Full fence: pairs with the fence in ring_consumer_needs_wake(). */
         atomic_thread_fence(memory_order_seq_cst);
         int64_t n = ring_available(r);

@@ -126,7 +126,7 @@ int wire_welcome_validate(const struct ds_wire_welcome *w)
         if (w->status != DS_WIRE_OK)
                 return 0; /* nothing else is meaningful in a refusal */
         if (w->mode == DS_WIRE_MODE_RING) {
-                if (w->n_fds != 2)
+                if (w->n_fds != DS_WIRE_RING_FDS)
                         return -EBADMSG;
                 r = wire_layout_validate(&w->layout);
                 if (r < 0)

@@ -187,16 +187,19 @@ static_assert(offsetof(struct ds_wire_server_info, max_requests) == 148, "info.m
 static_assert(offsetof(struct ds_wire_server_info, max_queue) == 152, "info.maxq");
 
 /* Daemon → client, the answer to a hello. In ring mode with status 0 the frame's first
- * byte carries SCM_RIGHTS with two fds: [0] the sealed memfd segment (map it shared,
- * read-write, layout.segment_size bytes), [1] the eventfd the client writes to wake the
- * daemon. Otherwise no fds. After a non-zero status the daemon closes the connection. */
+ * byte carries SCM_RIGHTS with DS_WIRE_RING_FDS fds:
+ *   [0] the sealed memfd segment (map it shared, read-write, layout.segment_size bytes);
+ *   [1] the doorbell eventfd the client writes to wake the daemon;
+ *   [2] the notify eventfd the daemon writes to wake a client that polls (ds_fd()).
+ * Otherwise no fds. After a non-zero status the daemon closes the connection. */
+#define DS_WIRE_RING_FDS 3u
 struct ds_wire_welcome {
         /* The first DS_WIRE_WELCOME_STABLE bytes are the same in every protocol version. */
         uint32_t magic;                   /* DS_WIRE_MAGIC */
         uint16_t version;                 /* the daemon's DS_WIRE_VERSION */
         uint16_t mode;                    /* enum ds_wire_mode granted */
         uint32_t status;                  /* enum ds_wire_code: 0 or why not */
-        uint32_t n_fds;                   /* 2 in ring mode, else 0 */
+        uint32_t n_fds;                   /* DS_WIRE_RING_FDS in ring mode, else 0 */
         char message[DS_WIRE_MESSAGE];    /* why, when status != 0; NUL-padded */
         /* Version-specific from here on. */
         struct ds_wire_layout layout;     /* ring mode only, else zero */
@@ -236,9 +239,22 @@ static_assert(offsetof(struct ds_wire_seg_header, layout) == 16, "seg.layout");
  *         ring it is also the futex word the client sleeps on.
  *   consumer_waiting: the consumer sets it non-zero before sleeping on new records;
  *   producer_waiting: the producer sets it non-zero before sleeping on free slots.
- * Wakes: the daemon sleeps on its io_uring and is woken through the eventfd; the client
- * sleeps with FUTEX_WAIT (shared, not FUTEX_PRIVATE) on the cursor it waits for: the
- * completion tail for records, the submission head for space. ring.h has the ordering. */
+ * Wakes, when the peer's flag is non-zero after the producer's publish or the consumer's
+ * release (ring.h has the ordering):
+ *   the daemon sleeps on its io_uring: the client writes the doorbell eventfd, after
+ *     publishing submissions (submission consumer_waiting) or after consuming completions
+ *     (completion producer_waiting);
+ *   the client sleeps with FUTEX_WAIT (shared, never FUTEX_PRIVATE_FLAG) on the word it
+ *     waits for, or polls the notify eventfd; its flag says which (DS_WIRE_WAKE_* bits):
+ *     after publishing completions the daemon does FUTEX_WAKE on the completion tail for
+ *     DS_WIRE_WAKE_FUTEX and writes the notify eventfd for DS_WIRE_WAKE_FD; after
+ *     consuming submissions it does FUTEX_WAKE on the submission head when that ring's
+ *     producer_waiting is non-zero. A flag value with other bits set is harmless: wake
+ *     both ways. */
+enum {
+        DS_WIRE_WAKE_FUTEX = 1u << 0,
+        DS_WIRE_WAKE_FD = 1u << 1,
+};
 struct ds_wire_ring_ctl {
         _Alignas(DS_WIRE_CACHELINE) _Atomic uint32_t head;
         uint8_t _pad0[DS_WIRE_CACHELINE - 4];
