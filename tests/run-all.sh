@@ -33,3 +33,20 @@ CC=clang meson setup build-test/fuzz --wipe -Dcuda=disabled -Dfuzzing=true \
                 -Db_sanitize=address,undefined -Db_lundef=false
 ninja -C build-test/fuzz -j "$jobs"
 meson test -C build-test/fuzz --suite fuzz --num-processes "$jobs" --print-errorlogs
+
+# One closing line over all three runs, in the plain form CI tools read.
+python3 - build-test/release build-test/asan build-test/fuzz <<'PY'
+import json, sys
+passed = failed = skipped = 0
+for d in sys.argv[1:]:
+    for line in open(d + "/meson-logs/testlog.json", encoding="utf-8"):
+        r = json.loads(line)["result"]
+        if r == "OK":
+            passed += 1
+        elif r == "SKIP":
+            skipped += 1
+        else:
+            failed += 1
+print(f"{passed} passed, {failed} failed, {skipped} skipped")
+sys.exit(1 if failed else 0)
+PY
