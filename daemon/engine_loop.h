@@ -17,7 +17,7 @@
 
 #include "engine.h"
 #include "error.h"
-#include "sched.h"
+#include "scheduler.h"
 
 typedef struct EngineLoopStats {
         uint32_t active;          /* admitted requests: running, prefilling or preempted */

@@ -10,7 +10,8 @@
  *
  * Only the engine thread calls sched_*() (engine_loop.h hands requests over from the I/O
  * thread); nothing here locks. The request and event types below are shared with the I/O
- * thread. */
+ * thread. (The file is not sched.h: daemon/ is on the include path, and the C library's
+ * <sched.h>, which <pthread.h> includes, must stay reachable.) */
 #pragma once
 
 #include <stdbool.h>
