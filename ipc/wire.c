@@ -243,13 +243,15 @@ int wire_d2c_validate(const union ds_wire_slot *s)
                 uint32_t n_text;
 
                 if (t->text_len > DS_WIRE_MAX_PIECE || t->inline_len > DS_WIRE_TOKEN_INLINE ||
-                        t->inline_len > t->text_len || t->token_id < 0 || h->flags != 0)
+                        t->inline_len > t->text_len || t->token_id < DS_WIRE_TOKEN_NONE ||
+                        h->flags != 0)
                         return -EBADMSG;
                 /* Text that fits inline is inline. */
                 if (t->inline_len < t->text_len && t->inline_len != DS_WIRE_TOKEN_INLINE)
                         return -EBADMSG;
                 n_text = text_records(t->text_len, t->inline_len);
-                if (h->n_follow != n_text && h->n_follow != n_text + 1)
+                if (h->n_follow != n_text &&
+                        (h->n_follow != n_text + 1 || t->token_id == DS_WIRE_TOKEN_NONE))
                         return -EBADMSG;
                 return 0;
         }

@@ -351,8 +351,12 @@ static_assert(offsetof(struct ds_wire_submit, n_messages) == 84, "submit.n_messa
  * fits inline: then text_len > inline_len and DS_WIRE_TEXT records carry the rest. When
  * the request asked for top_logprobs, a DS_WIRE_LOGPROBS record comes last.
  * hdr.n_follow counts those records; the daemon publishes the token and all of them with
- * one tail store, so a consumer that sees the token sees them too. */
+ * one tail store, so a consumer that sees the token sees them too.
+ * token_id DS_WIRE_TOKEN_NONE: no new token, only text the end of the request released
+ * (held back as a possible stop-string prefix, or an unfinished UTF-8 character as
+ * U+FFFD); it comes right before the FINAL, never with a LOGPROBS record. */
 #define DS_WIRE_TOKEN_INLINE 216u
+#define DS_WIRE_TOKEN_NONE (-1)
 struct ds_wire_token {
         struct ds_wire_hdr hdr;
         int32_t token_id;
