@@ -46,6 +46,8 @@ typedef struct BkLinear {
 typedef enum BkArch {
         BK_ARCH_LLAMA,
         BK_ARCH_QWEN2,
+        BK_ARCH_DEEPSEEK_V2, /* MLA attention, MoE MLPs (BkConfig.mla, .moe) */
+        BK_ARCH_DEEPSEEK_V3, /* V2 plus q LoRA and the noaux_tc sigmoid router as a rule */
         _BK_ARCH_MAX,
 } BkArch;
 
@@ -65,7 +67,52 @@ typedef struct BkRope {
         uint32_t original_max_pos; /* LLAMA3, YARN */
         float beta_fast, beta_slow; /* YARN */
         float attention_factor;    /* YARN: multiplies cos and sin */
+        float mscale;              /* YARN, DeepSeek: 0 when absent */
+        float mscale_all_dim;      /* YARN, DeepSeek: 0 when absent; also scales the softmax */
 } BkRope;
+
+/* Multi-head latent attention (DeepSeek-V2/V3), P = qk_nope_dim, R = qk_rope_dim. Keys and
+ * values come from one compressed latent per token, so only that latent and the shared
+ * rope key are cached: kv_lora_rank + R numbers per token per layer. */
+typedef struct BkMlaConfig {
+        uint32_t q_lora_rank;  /* 0: q_proj maps hidden straight to n_heads (P + R) */
+        uint32_t kv_lora_rank; /* width of the cached latent c_kv */
+        uint32_t qk_nope_dim;  /* P: the part of a query/key head without rope */
+        uint32_t qk_rope_dim;  /* R: the roped part; one k_pe head shared by all heads */
+        uint32_t v_head_dim;   /* Vd */
+        float softmax_scale;   /* resolved by the loader: (P+R)^-0.5, times m^2 where the
+                                * reference applies YaRN's mscale_all_dim */
+} BkMlaConfig;
+
+typedef enum BkTopkMethod {
+        BK_TOPK_GREEDY,               /* plain top-k of the scores */
+        BK_TOPK_GROUP_LIMITED_GREEDY, /* top-k within the topk_group groups of best max */
+        BK_TOPK_NOAUX_TC,             /* biased scores, groups ranked by their top-2 sum */
+        _BK_TOPK_MAX,
+} BkTopkMethod;
+
+typedef enum BkScoring {
+        BK_SCORING_SOFTMAX,
+        BK_SCORING_SIGMOID,
+        _BK_SCORING_MAX,
+} BkScoring;
+
+/* DeepSeek mixture of experts. A layer is MoE when layer >= first_dense and
+ * layer % layer_freq == 0; the loader decides and fills BkLayer.moe accordingly. */
+typedef struct BkMoeConfig {
+        uint32_t n_routed;    /* routed experts; 0 for a dense model */
+        uint32_t n_shared;    /* shared experts, run as one MLP of n_shared * expert_dim */
+        uint32_t top_k;       /* experts per token */
+        uint32_t expert_dim;  /* moe_intermediate_size */
+        uint32_t first_dense; /* first_k_dense_replace */
+        uint32_t layer_freq;  /* moe_layer_freq */
+        uint32_t n_group;     /* expert groups (1 when ungrouped) */
+        uint32_t topk_group;  /* groups kept */
+        BkTopkMethod topk_method;
+        BkScoring scoring;
+        bool norm_topk_prob;
+        float routed_scaling_factor;
+} BkMoeConfig;
 
 /* Every dimension comes from config.json through the loader: one source of truth. */
 typedef struct BkConfig {
@@ -81,13 +128,40 @@ typedef struct BkConfig {
         uint32_t max_positions; /* context limit */
         float rms_eps;
         BkRope rope;
+        /* DeepSeek only (zero otherwise). There head_dim is P + R and n_kv_heads n_heads. */
+        BkMlaConfig mla;
+        BkMoeConfig moe;
 } BkConfig;
+
+/* The MLA projections besides q (q_proj when there is no q LoRA) and o of BkLayer. */
+typedef struct BkMla {
+        BkLinear q_a;       /* q LoRA only: hidden → q_lora_rank */
+        BkTensor q_a_norm;  /* q LoRA only: [q_lora_rank], RMSNorm eps 1e-6 */
+        BkLinear q_b;       /* q LoRA only: q_lora_rank → n_heads (P + R) */
+        BkLinear kv_a;      /* kv_a_proj_with_mqa: hidden → kv_lora_rank + R, [c_kv | k_pe] */
+        BkTensor kv_a_norm; /* [kv_lora_rank], RMSNorm eps 1e-6 */
+        BkLinear kv_b;      /* kv_lora_rank → n_heads (P + Vd), per head [k_nope | v] */
+} BkMla;
+
+/* One SwiGLU MLP: down(silu(gate(x)) * up(x)). */
+typedef struct BkExpert {
+        BkLinear gate, up, down;
+} BkExpert;
+
+typedef struct BkMoe {
+        BkExpert *experts;   /* [n_routed]; NULL when the layer has a dense MLP */
+        BkTensor router;     /* [n_routed][hidden] mlp.gate.weight, never quantized */
+        BkTensor score_bias; /* [n_routed] e_score_correction_bias; data NULL when none */
+        BkExpert shared;     /* n_shared * expert_dim wide; in = 0 when n_shared is 0 */
+} BkMoe;
 
 typedef struct BkLayer {
         BkTensor attn_norm; /* [hidden] */
-        BkLinear q, k, v, o;
+        BkLinear q, k, v, o; /* MLA: q is q_proj (without q LoRA) or unused; k, v unused */
         BkTensor mlp_norm;  /* [hidden] */
-        BkLinear gate, up, down;
+        BkLinear gate, up, down; /* the dense MLP; unused in a MoE layer */
+        BkMla mla;          /* DeepSeek only */
+        BkMoe moe;          /* DeepSeek MoE layers only */
 } BkLayer;
 
 typedef struct BkModel {

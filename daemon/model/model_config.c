@@ -159,6 +159,8 @@ static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
         } archs[] = {
                 { "Qwen2ForCausalLM", BK_ARCH_QWEN2 },
                 { "LlamaForCausalLM", BK_ARCH_LLAMA },
+                { "DeepseekV2ForCausalLM", BK_ARCH_DEEPSEEK_V2 },
+                { "DeepseekV3ForCausalLM", BK_ARCH_DEEPSEEK_V3 },
         };
         const cJSON *v = field_get(f, "architectures");
         const char *name;
@@ -176,7 +178,7 @@ static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
                         return 0;
                 }
         return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                "%s: architecture '%.100s' is not supported (supported: Qwen2ForCausalLM, LlamaForCausalLM)",
+                "%s: architecture '%.100s' is not supported (supported: Qwen2ForCausalLM, LlamaForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
                 f->file, name);
 }
 
@@ -248,7 +250,6 @@ static int parse_rope_llama3(const Field *p, BkRope *rope)
 
 static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
 {
-        float mscale, mscale_all;
         int r;
 
         if ((r = field_float(p, "factor", true, 0, 1, true, &rope->factor)) < 0 ||
@@ -256,8 +257,8 @@ static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
                          POSITIONS_MAX, &rope->original_max_pos)) < 0 ||
                 (r = field_float(p, "beta_fast", false, 32, 0, false, &rope->beta_fast)) < 0 ||
                 (r = field_float(p, "beta_slow", false, 1, 0, false, &rope->beta_slow)) < 0 ||
-                (r = field_float(p, "mscale", false, 0, 0, true, &mscale)) < 0 ||
-                (r = field_float(p, "mscale_all_dim", false, 0, 0, true, &mscale_all)) < 0 ||
+                (r = field_float(p, "mscale", false, 0, 0, true, &rope->mscale)) < 0 ||
+                (r = field_float(p, "mscale_all_dim", false, 0, 0, true, &rope->mscale_all_dim)) < 0 ||
                 (r = field_float(p, "attention_factor", false, 0, 0, true,
                          &rope->attention_factor)) < 0)
                 return r;
@@ -268,9 +269,9 @@ static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
         /* As transformers' _compute_yarn_parameters: an explicit attention_factor wins,
          * then the DeepSeek-style mscale ratio, then 0.1 ln(factor) + 1. */
         if (rope->attention_factor == 0) {
-                if (mscale > 0 && mscale_all > 0)
-                        rope->attention_factor = yarn_mscale(rope->factor, mscale) /
-                                yarn_mscale(rope->factor, mscale_all);
+                if (rope->mscale > 0 && rope->mscale_all_dim > 0)
+                        rope->attention_factor = yarn_mscale(rope->factor, rope->mscale) /
+                                yarn_mscale(rope->factor, rope->mscale_all_dim);
                 else
                         rope->attention_factor = yarn_mscale(rope->factor, 1.0f);
         }
@@ -327,6 +328,118 @@ static int parse_rope(const Field *f, uint32_t max_positions, BkRope *rope)
         return ds_error(f->err, -DS_ERR_UNSUPPORTED,
                 "%s: field '%s%s': RoPE scaling '%.64s' is not supported (supported: default, llama3, yarn)",
                 f->file, p.prefix, key, type);
+}
+
+// --- DeepSeek MLA and MoE
+
+/* q_lora_rank, kv_lora_rank and the head split; head_dim becomes P + R, the width the
+ * softmax scale and the query/key heads have, and every head is its own KV head. */
+static int parse_mla(const Field *f, const BkRope *rope, BkConfig *c)
+{
+        BkMlaConfig *m = &c->mla;
+        int r;
+
+        if ((r = field_uint(f, "q_lora_rank", false, 0, 1, DIM_MAX, &m->q_lora_rank)) < 0 ||
+                (r = field_uint(f, "kv_lora_rank", true, 0, 1, DIM_MAX, &m->kv_lora_rank)) < 0 ||
+                (r = field_uint(f, "qk_nope_head_dim", true, 0, 1, DIM_MAX, &m->qk_nope_dim)) < 0 ||
+                (r = field_uint(f, "qk_rope_head_dim", true, 0, 2, DIM_MAX, &m->qk_rope_dim)) < 0 ||
+                (r = field_uint(f, "v_head_dim", true, 0, 1, DIM_MAX, &m->v_head_dim)) < 0)
+                return r;
+        /* RoPE rotates the pairs (2i, 2i+1) of the rope part. */
+        if (m->qk_rope_dim % 2 != 0)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'qk_rope_head_dim' (%u) must be even", f->file, m->qk_rope_dim);
+        uint64_t qk = (uint64_t) m->qk_nope_dim + m->qk_rope_dim;
+        if (qk * c->n_heads > DIM_MAX || (uint64_t) (m->qk_nope_dim + m->v_head_dim) * c->n_heads > DIM_MAX)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: fields 'qk_nope_head_dim' + 'qk_rope_head_dim' / 'v_head_dim' times num_attention_heads (%u) are over %u",
+                        f->file, c->n_heads, DIM_MAX);
+        c->head_dim = (uint32_t) qk;
+        c->n_kv_heads = c->n_heads;
+
+        /* YaRN sharpens the softmax too: with mscale_all_dim, the scale is multiplied by
+         * m^2, m = 0.1 mscale_all_dim ln(factor) + 1 (both V2 and V3 in the reference). */
+        double scale = 1.0 / sqrt((double) qk);
+        if (rope->type == BK_ROPE_YARN && rope->mscale_all_dim > 0 && rope->factor > 1) {
+                double mm = 0.1 * rope->mscale_all_dim * log(rope->factor) + 1.0;
+                scale *= mm * mm;
+        }
+        m->softmax_scale = (float) scale;
+        return 0;
+}
+
+static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
+{
+        const char *method = NULL, *scoring = NULL;
+        bool has_routed = field_get(f, "n_routed_experts") != NULL;
+        int r;
+
+        if ((r = field_uint(f, "n_routed_experts", false, 0, 1, 1u << 16, &m->n_routed)) < 0 ||
+                (r = field_uint(f, "n_shared_experts", false, 0, 0, 1u << 16, &m->n_shared)) < 0 ||
+                (r = field_uint(f, "first_k_dense_replace", false, 0, 0, LAYERS_MAX,
+                         &m->first_dense)) < 0 ||
+                (r = field_uint(f, "moe_layer_freq", false, 1, 1, LAYERS_MAX, &m->layer_freq)) < 0 ||
+                (r = field_bool(f, "norm_topk_prob", false, &m->norm_topk_prob)) < 0 ||
+                (r = field_float(f, "routed_scaling_factor", false, 1.0, 0, false,
+                         &m->routed_scaling_factor)) < 0 ||
+                (r = field_string(f, "topk_method", false, &method)) < 0 ||
+                (r = field_string(f, "scoring_func", false, &scoring)) < 0)
+                return r;
+        if (!has_routed)
+                return 0; /* every layer dense */
+        if ((r = field_uint(f, "num_experts_per_tok", true, 0, 1, m->n_routed, &m->top_k)) < 0 ||
+                (r = field_uint(f, "moe_intermediate_size", true, 0, 1, DIM_MAX, &m->expert_dim)) < 0 ||
+                (r = field_uint(f, "n_group", false, 1, 1, m->n_routed, &m->n_group)) < 0 ||
+                (r = field_uint(f, "topk_group", false, 1, 1, m->n_group, &m->topk_group)) < 0)
+                return r;
+        if ((uint64_t) m->n_shared * m->expert_dim > DIM_MAX)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'n_shared_experts' (%u) times moe_intermediate_size (%u) is over %u",
+                        f->file, m->n_shared, m->expert_dim, DIM_MAX);
+
+        /* deepseek_v3 configs may leave these out: V3 routing is the rule there. */
+        if (!method)
+                method = v3_defaults ? "noaux_tc" : "greedy";
+        if (!scoring)
+                scoring = v3_defaults ? "sigmoid" : "softmax";
+        if (!strcmp(method, "greedy"))
+                m->topk_method = BK_TOPK_GREEDY;
+        else if (!strcmp(method, "group_limited_greedy"))
+                m->topk_method = BK_TOPK_GROUP_LIMITED_GREEDY;
+        else if (!strcmp(method, "noaux_tc"))
+                m->topk_method = BK_TOPK_NOAUX_TC;
+        else
+                return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field 'topk_method': '%.64s' is not supported (supported: greedy, group_limited_greedy, noaux_tc)",
+                        f->file, method);
+        if (!strcmp(scoring, "softmax"))
+                m->scoring = BK_SCORING_SOFTMAX;
+        else if (!strcmp(scoring, "sigmoid"))
+                m->scoring = BK_SCORING_SIGMOID;
+        else
+                return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field 'scoring_func': '%.64s' is not supported (supported: softmax, sigmoid)",
+                        f->file, scoring);
+        /* The reference pairs them this way: the V2 gate softmaxes, the V3 router sigmoids. */
+        if ((m->topk_method == BK_TOPK_NOAUX_TC) != (m->scoring == BK_SCORING_SIGMOID))
+                return ds_error(f->err, -DS_ERR_UNSUPPORTED,
+                        "%s: field 'scoring_func': '%s' with topk_method '%s' is not supported (softmax goes with greedy or group_limited_greedy, sigmoid with noaux_tc)",
+                        f->file, scoring, method);
+
+        if (m->n_routed % m->n_group != 0)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'n_group' (%u) must divide n_routed_experts (%u)", f->file,
+                        m->n_group, m->n_routed);
+        uint32_t per_group = m->n_routed / m->n_group;
+        if (m->topk_method == BK_TOPK_NOAUX_TC && per_group < 2)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'n_group' (%u): noaux_tc ranks groups by their top 2, so each needs 2 or more of the %u experts",
+                        f->file, m->n_group, m->n_routed);
+        if (m->topk_method != BK_TOPK_GREEDY && m->top_k > m->topk_group * per_group)
+                return ds_error(f->err, -DS_ERR_FORMAT,
+                        "%s: field 'num_experts_per_tok' (%u) is more than the %u experts of topk_group (%u) groups",
+                        f->file, m->top_k, m->topk_group * per_group, m->topk_group);
+        return 0;
 }
 
 // --- Token ids
@@ -503,7 +616,21 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
                         "%s: field 'hidden_act': activation '%.64s' is not supported (supported: silu)",
                         name, act);
 
-        if (c.arch == BK_ARCH_QWEN2) {
+        if (c.arch == BK_ARCH_DEEPSEEK_V2 || c.arch == BK_ARCH_DEEPSEEK_V3) {
+                const char *type = NULL;
+                if ((r = field_string(&f, "model_type", false, &type)) < 0 ||
+                        (r = parse_mla(&f, &c.rope, &c)) < 0 ||
+                        (r = parse_moe(&f, c.arch == BK_ARCH_DEEPSEEK_V3 ||
+                                        (type && !strcmp(type, "deepseek_v3")),
+                                 &c.moe)) < 0 ||
+                        (r = field_bool(&f, "attention_bias", false, &attn_bias)) < 0 ||
+                        (r = field_bool(&f, "mlp_bias", false, &mlp_bias)) < 0)
+                        return r;
+                if (attn_bias || mlp_bias)
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "%s: field '%s': DeepSeek projections with biases are not supported",
+                                name, attn_bias ? "attention_bias" : "mlp_bias");
+        } else if (c.arch == BK_ARCH_QWEN2) {
                 r = field_bool(&f, "use_sliding_window", false, &sliding);
                 if (r < 0)
                         return r;

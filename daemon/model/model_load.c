@@ -258,6 +258,147 @@ static int load_linear(Loader *L, const char *prefix, uint32_t in, uint32_t out,
         return 0;
 }
 
+/* A SwiGLU MLP of width dim at prefix ("model.layers.3.mlp.experts.5"). */
+static int load_mlp(Loader *L, const char *prefix, uint32_t dim, bool bias, BkExpert *ret)
+{
+        uint32_t hidden = L->m->bk.cfg.hidden;
+        char name[256];
+        int r;
+
+        snprintf(name, sizeof(name), "%s.gate_proj", prefix);
+        r = load_linear(L, name, hidden, dim, bias, true, &ret->gate);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "%s.up_proj", prefix);
+        r = load_linear(L, name, hidden, dim, bias, true, &ret->up);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "%s.down_proj", prefix);
+        return load_linear(L, name, dim, hidden, bias, true, &ret->down);
+}
+
+/* MLA: q_proj or q_a_proj/q_a_layernorm/q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm,
+ * kv_b_proj and o_proj, all decoder-block linears (AWQ in an AWQ checkpoint). */
+static int load_mla(Loader *L, uint32_t l, BkLayer *ret)
+{
+        const BkConfig *c = &L->m->bk.cfg;
+        const BkMlaConfig *m = &c->mla;
+        uint32_t q_dim = c->n_heads * (m->qk_nope_dim + m->qk_rope_dim);
+        char name[256];
+        int r;
+
+        if (m->q_lora_rank) {
+                snprintf(name, sizeof(name), "model.layers.%u.self_attn.q_a_proj", l);
+                r = load_linear(L, name, c->hidden, m->q_lora_rank, false, true, &ret->mla.q_a);
+                if (r < 0)
+                        return r;
+                snprintf(name, sizeof(name), "model.layers.%u.self_attn.q_a_layernorm.weight", l);
+                r = load_vector(L, name, m->q_lora_rank, &ret->mla.q_a_norm);
+                if (r < 0)
+                        return r;
+                snprintf(name, sizeof(name), "model.layers.%u.self_attn.q_b_proj", l);
+                r = load_linear(L, name, m->q_lora_rank, q_dim, false, true, &ret->mla.q_b);
+        } else {
+                snprintf(name, sizeof(name), "model.layers.%u.self_attn.q_proj", l);
+                r = load_linear(L, name, c->hidden, q_dim, false, true, &ret->q);
+        }
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.self_attn.kv_a_proj_with_mqa", l);
+        r = load_linear(L, name, c->hidden, m->kv_lora_rank + m->qk_rope_dim, false, true,
+                &ret->mla.kv_a);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.self_attn.kv_a_layernorm.weight", l);
+        r = load_vector(L, name, m->kv_lora_rank, &ret->mla.kv_a_norm);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.self_attn.kv_b_proj", l);
+        r = load_linear(L, name, m->kv_lora_rank, c->n_heads * (m->qk_nope_dim + m->v_head_dim),
+                false, true, &ret->mla.kv_b);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.self_attn.o_proj", l);
+        return load_linear(L, name, c->n_heads * m->v_head_dim, c->hidden, false, true, &ret->o);
+}
+
+/* The router (FP16 as AutoAWQ leaves it, or any float dtype), V3's correction bias, the
+ * routed experts under their published per-expert names, and the shared experts. */
+static int load_moe(Loader *L, uint32_t l, BkMoe *ret)
+{
+        const BkConfig *c = &L->m->bk.cfg;
+        const BkMoeConfig *mc = &c->moe;
+        const StTensor *t;
+        char name[256];
+        int r;
+
+        snprintf(name, sizeof(name), "model.layers.%u.mlp.gate.weight", l);
+        r = get_tensor(L, name, true, 0, 2, mc->n_routed, c->hidden, &t);
+        if (r < 0)
+                return r;
+        ret->router.dtype = bk_dtype(t->dtype);
+        r = tensor_data(L, t, &ret->router.data);
+        if (r < 0)
+                return r;
+        if (mc->topk_method == BK_TOPK_NOAUX_TC) {
+                snprintf(name, sizeof(name), "model.layers.%u.mlp.gate.e_score_correction_bias", l);
+                r = load_vector(L, name, mc->n_routed, &ret->score_bias);
+                if (r < 0)
+                        return r;
+        }
+
+        ret->experts = model_alloc(L->m, (size_t) mc->n_routed * sizeof(*ret->experts));
+        if (!ret->experts)
+                return -ENOMEM;
+        for (uint32_t e = 0; e < mc->n_routed; e++) {
+                snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%u", l, e);
+                r = load_mlp(L, name, mc->expert_dim, false, &ret->experts[e]);
+                if (r < 0)
+                        return r;
+        }
+        if (mc->n_shared == 0)
+                return 0;
+        snprintf(name, sizeof(name), "model.layers.%u.mlp.shared_experts", l);
+        return load_mlp(L, name, mc->n_shared * mc->expert_dim, false, &ret->shared);
+}
+
+/* The rule of docs/formats.md: MoE from first_k_dense_replace on, every moe_layer_freq. */
+static bool layer_is_moe(const BkMoeConfig *mc, uint32_t l)
+{
+        return mc->n_routed > 0 && l >= mc->first_dense && l % mc->layer_freq == 0;
+}
+
+static int load_layer_deepseek(Loader *L, uint32_t l, BkLayer *ret)
+{
+        const BkConfig *c = &L->m->bk.cfg;
+        char name[256];
+        int r;
+
+        snprintf(name, sizeof(name), "model.layers.%u.input_layernorm.weight", l);
+        r = load_vector(L, name, c->hidden, &ret->attn_norm);
+        if (r < 0)
+                return r;
+        r = load_mla(L, l, ret);
+        if (r < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%u.post_attention_layernorm.weight", l);
+        r = load_vector(L, name, c->hidden, &ret->mlp_norm);
+        if (r < 0)
+                return r;
+        if (layer_is_moe(&c->moe, l))
+                return load_moe(L, l, &ret->moe);
+
+        BkExpert dense;
+        snprintf(name, sizeof(name), "model.layers.%u.mlp", l);
+        r = load_mlp(L, name, c->intermediate, false, &dense);
+        if (r < 0)
+                return r;
+        ret->gate = dense.gate;
+        ret->up = dense.up;
+        ret->down = dense.down;
+        return 0;
+}
+
 static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
 {
         const BkConfig *c = &L->m->bk.cfg;
@@ -273,6 +414,9 @@ static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
         };
         char name[256];
         int r;
+
+        if (c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3)
+                return load_layer_deepseek(L, l, ret);
 
         snprintf(name, sizeof(name), "model.layers.%u.input_layernorm.weight", l);
         r = load_vector(L, name, c->hidden, &ret->attn_norm);
@@ -319,7 +463,7 @@ static void describe_quant(Model *m, const ModelOptions *opt)
                 snprintf(m->info.quant, sizeof(m->info.quant), "int4-at-load g%u", QUANT_GROUP);
         else
                 snprintf(m->info.quant, sizeof(m->info.quant), "%s",
-                        names[m->bk.layers[0].q.w.dtype]);
+                        names[m->bk.layers[0].o.w.dtype]);
 }
 
 int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *err)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The CPU reference backend: Llama and Qwen2 forward passes in float32, laid out like
- * llama2.c's run.c. The config and the weights belong to the BkModel (read in place, never
+/* The CPU reference backend: Llama, Qwen2 and DeepSeek-V2/V3 (MLA + MoE) forward passes
+ * in float32, laid out like llama2.c's run.c. The config and the weights belong to the BkModel (read in place, never
  * written); the run state and the paged KV cache belong to the backend.
  *
  * A step's tokens are processed in tiles of up to TILE_ROWS rows, each tile through every
@@ -15,11 +15,17 @@
 
 #include "backend.h"
 #include "cpu_linear.h"
+#include "cpu_mla.h"
+#include "cpu_moe.h"
 #include "cpu_rope.h"
 
 /* Rows (tokens, from any sequences) that go through the layers together. More rows share
  * each dequantized weight; fewer keep the activations in cache. */
 #define TILE_ROWS 32
+
+/* q_a_layernorm and kv_a_layernorm are built without an eps argument in the reference,
+ * so they keep RMSNorm's default. */
+#define MLA_NORM_EPS 1e-6f
 
 /* One token of the step: which sequence, where, and whether its logits are wanted. */
 typedef struct Row {
@@ -29,11 +35,13 @@ typedef struct Row {
         bool logits; /* compute this row's logits (asked for, or sampled from) */
 } Row;
 
+/* MLA caches one latent per token instead of K and V: k holds, per position,
+ * [kv_a_layernorm(c_kv) | roped k_pe] (kv_width = kv_lora_rank + R), and v is NULL. */
 typedef struct KvCache {
         uint32_t block_tokens;
         uint32_t n_blocks;
-        float *k; /* (layer, block, block_tokens, kv_dim) */
-        float *v; /* (layer, block, block_tokens, kv_dim) */
+        float *k; /* (layer, block, block_tokens, kv_width) */
+        float *v; /* (layer, block, block_tokens, kv_width); NULL for MLA */
 } KvCache;
 
 /* Scratch reused by every step, sized at load for TILE_ROWS rows. */
@@ -43,18 +51,32 @@ typedef struct RunState {
         float *q;               /* (TILE_ROWS, n_heads * head_dim) */
         float *k;               /* (TILE_ROWS, kv_dim) */
         float *v;               /* (TILE_ROWS, kv_dim) */
-        float *att_out;         /* (TILE_ROWS, n_heads * head_dim) attention's weighted values */
-        float *hb;              /* (TILE_ROWS, intermediate) gate, then silu(gate) * up */
-        float *hb2;             /* (TILE_ROWS, intermediate) up */
+        float *att_out;         /* (TILE_ROWS, n_heads * max(head_dim, Vd)) weighted values */
+        float *hb;              /* (TILE_ROWS, mlp_width) gate, then silu(gate) * up */
+        float *hb2;             /* (TILE_ROWS, mlp_width) up */
         float *att;             /* (max_positions) one head's scores for one row */
-        float *cos;             /* (TILE_ROWS, head_dim / 2) */
-        float *sin;             /* (TILE_ROWS, head_dim / 2) */
-        float *inv_freq;        /* (head_dim / 2) rope frequencies, computed at load */
+        float *cos;             /* (TILE_ROWS, rope_dim / 2) */
+        float *sin;             /* (TILE_ROWS, rope_dim / 2) */
+        float *inv_freq;        /* (rope_dim / 2) rope frequencies, computed at load */
         float attention_factor; /* multiplies cos and sin (yarn) */
         float *logits;          /* (TILE_ROWS, vocab_size) the rows whose logits are wanted */
         float *linear;          /* (largest cpu_linear_scratch_size) */
         float *sample_f;        /* (vocab_size) bk_sample scratch */
         int32_t *sample_i;      /* (vocab_size) bk_sample scratch */
+        /* MLA only */
+        float *qa;              /* (TILE_ROWS, q_lora_rank) q_a_proj, then q_a_layernorm */
+        float *kva;             /* (TILE_ROWS, kv_lora_rank + R) kv_a_proj_with_mqa */
+        float *q_lat;           /* (TILE_ROWS, n_heads, kv_lora_rank) absorbed queries */
+        float *o_lat;           /* (TILE_ROWS, n_heads, kv_lora_rank) weighted latent sums */
+        float *wrow;            /* (n_heads * (P + Vd)) one dequantized row of kv_b_proj */
+        /* MoE only */
+        float *router;          /* (TILE_ROWS, n_routed) router logits */
+        float *route;           /* (cpu_moe_route_scratch) */
+        uint32_t *expert_idx;   /* (TILE_ROWS, top_k) each row's experts, ascending */
+        float *expert_w;        /* (TILE_ROWS, top_k) their weights */
+        float *gx;              /* (TILE_ROWS, hidden) the rows routed to one expert */
+        float *gy;              /* (TILE_ROWS, hidden) that expert's outputs for them */
+        float *moe_out;         /* (TILE_ROWS, hidden) the weighted sum of routed outputs */
         Row rows[TILE_ROWS];
 } RunState;
 
@@ -86,6 +108,18 @@ static void run_state_free(RunState *s)
         free(s->linear);
         free(s->sample_f);
         free(s->sample_i);
+        free(s->qa);
+        free(s->kva);
+        free(s->q_lat);
+        free(s->o_lat);
+        free(s->wrow);
+        free(s->router);
+        free(s->route);
+        free(s->expert_idx);
+        free(s->expert_w);
+        free(s->gx);
+        free(s->gy);
+        free(s->moe_out);
         *s = (RunState){0};
 }
 
@@ -96,15 +130,55 @@ static void kv_free(KvCache *kv)
         *kv = (KvCache){0};
 }
 
+static bool is_mla(const BkConfig *c)
+{
+        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
+}
+
+/* Floats per cached position per layer. */
+static uint32_t kv_width(const BkConfig *c)
+{
+        return is_mla(c) ? c->mla.kv_lora_rank + c->mla.qk_rope_dim : c->n_kv_heads * c->head_dim;
+}
+
+/* The part of a head RoPE rotates. */
+static uint32_t rope_dim(const BkConfig *c)
+{
+        return is_mla(c) ? c->mla.qk_rope_dim : c->head_dim;
+}
+
+/* The router as a dense linear, so its logits use the same float32 dot as every linear. */
+static BkLinear router_linear(const BkConfig *c, const BkMoe *moe)
+{
+        return (BkLinear){
+                .kind = BK_LINEAR_DENSE, .in = c->hidden, .out = c->moe.n_routed, .w = moe->router};
+}
+
+static size_t expert_scratch_max(size_t n, const BkExpert *e)
+{
+        n = MAX(n, cpu_linear_scratch_size(&e->gate));
+        n = MAX(n, cpu_linear_scratch_size(&e->up));
+        return MAX(n, cpu_linear_scratch_size(&e->down));
+}
+
 static size_t linear_scratch_max(const BkModel *m)
 {
+        const BkConfig *c = &m->cfg;
         size_t n = cpu_linear_scratch_size(&m->lm_head);
 
-        for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+        for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
-                const BkLinear *all[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+                const BkLinear *all[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down,
+                        &L->mla.q_a, &L->mla.q_b, &L->mla.kv_a, &L->mla.kv_b};
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         n = MAX(n, cpu_linear_scratch_size(all[i]));
+                if (!L->moe.experts)
+                        continue;
+                BkLinear router = router_linear(c, &L->moe);
+                n = MAX(n, cpu_linear_scratch_size(&router));
+                for (uint32_t e = 0; e < c->moe.n_routed; e++)
+                        n = expert_scratch_max(n, &L->moe.experts[e]);
+                n = expert_scratch_max(n, &L->moe.shared);
         }
         return n;
 }
@@ -114,19 +188,48 @@ static int run_state_alloc(RunState *s, const BkModel *m)
         const BkConfig *c = &m->cfg;
         size_t q_dim = (size_t) c->n_heads * c->head_dim;
         size_t kv_dim = (size_t) c->n_kv_heads * c->head_dim;
+        size_t out_dim = MAX(q_dim, (size_t) c->n_heads * c->mla.v_head_dim);
+        size_t mlp_width = MAX(c->intermediate, c->moe.expert_dim * MAX(c->moe.n_shared, 1u));
+        size_t rd = rope_dim(c);
+
+        if (is_mla(c)) {
+                const BkMlaConfig *mla = &c->mla;
+                size_t lat = (size_t) TILE_ROWS * c->n_heads * mla->kv_lora_rank;
+                s->qa = calloc((size_t) TILE_ROWS * MAX(mla->q_lora_rank, 1u), sizeof(float));
+                s->kva = calloc((size_t) TILE_ROWS * kv_width(c), sizeof(float));
+                s->q_lat = calloc(lat, sizeof(float));
+                s->o_lat = calloc(lat, sizeof(float));
+                s->wrow = calloc((size_t) c->n_heads * (mla->qk_nope_dim + mla->v_head_dim),
+                        sizeof(float));
+                if (!s->qa || !s->kva || !s->q_lat || !s->o_lat || !s->wrow)
+                        return -ENOMEM;
+        }
+        if (c->moe.n_routed > 0) {
+                const BkMoeConfig *mc = &c->moe;
+                s->router = calloc((size_t) TILE_ROWS * mc->n_routed, sizeof(float));
+                s->route = calloc(cpu_moe_route_scratch(mc), sizeof(float));
+                s->expert_idx = calloc((size_t) TILE_ROWS * mc->top_k, sizeof(uint32_t));
+                s->expert_w = calloc((size_t) TILE_ROWS * mc->top_k, sizeof(float));
+                s->gx = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
+                s->gy = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
+                s->moe_out = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
+                if (!s->router || !s->route || !s->expert_idx || !s->expert_w || !s->gx ||
+                        !s->gy || !s->moe_out)
+                        return -ENOMEM;
+        }
 
         s->x = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
         s->xb = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
         s->q = calloc(TILE_ROWS * q_dim, sizeof(float));
         s->k = calloc(TILE_ROWS * kv_dim, sizeof(float));
         s->v = calloc(TILE_ROWS * kv_dim, sizeof(float));
-        s->att_out = calloc(TILE_ROWS * q_dim, sizeof(float));
-        s->hb = calloc((size_t) TILE_ROWS * c->intermediate, sizeof(float));
-        s->hb2 = calloc((size_t) TILE_ROWS * c->intermediate, sizeof(float));
+        s->att_out = calloc(TILE_ROWS * out_dim, sizeof(float));
+        s->hb = calloc(TILE_ROWS * mlp_width, sizeof(float));
+        s->hb2 = calloc(TILE_ROWS * mlp_width, sizeof(float));
         s->att = calloc(c->max_positions, sizeof(float));
-        s->cos = calloc((size_t) TILE_ROWS * c->head_dim / 2, sizeof(float));
-        s->sin = calloc((size_t) TILE_ROWS * c->head_dim / 2, sizeof(float));
-        s->inv_freq = calloc(c->head_dim / 2, sizeof(float));
+        s->cos = calloc(TILE_ROWS * rd / 2, sizeof(float));
+        s->sin = calloc(TILE_ROWS * rd / 2, sizeof(float));
+        s->inv_freq = calloc(rd / 2, sizeof(float));
         s->logits = calloc((size_t) TILE_ROWS * c->vocab_size, sizeof(float));
         s->linear = calloc(linear_scratch_max(m), sizeof(float));
         s->sample_f = calloc(c->vocab_size, sizeof(float));
@@ -148,6 +251,121 @@ static int tensor_check(BkTensor t, const char *what, DsError *err)
         return 0;
 }
 
+typedef struct LinearSpec {
+        const BkLinear *lin;
+        const char *name;
+        uint32_t in, out;
+} LinearSpec;
+
+static int linears_check(const LinearSpec *lins, size_t n, uint32_t l, DsError *err)
+{
+        char what[96];
+
+        for (size_t i = 0; i < n; i++) {
+                snprintf(what, sizeof(what), "layer %u %s", l, lins[i].name);
+                int r = cpu_linear_check(lins[i].lin, lins[i].in, lins[i].out, what, err);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int expert_check(const BkConfig *c, const BkExpert *e, const char *name, uint32_t width,
+        uint32_t l, DsError *err)
+{
+        char g[64], u[64], d[64];
+
+        snprintf(g, sizeof(g), "%s gate_proj", name);
+        snprintf(u, sizeof(u), "%s up_proj", name);
+        snprintf(d, sizeof(d), "%s down_proj", name);
+        const LinearSpec lins[] = {
+                {&e->gate, g, c->hidden, width},
+                {&e->up, u, c->hidden, width},
+                {&e->down, d, width, c->hidden},
+        };
+        return linears_check(lins, ELEMENTSOF(lins), l, err);
+}
+
+/* MLA projections, and the MoE or the dense MLP, of DeepSeek layer l. */
+static int deepseek_layer_check(const BkConfig *c, const BkLayer *L, uint32_t l, DsError *err)
+{
+        const BkMlaConfig *m = &c->mla;
+        const BkMoeConfig *mc = &c->moe;
+        uint32_t q_dim = c->n_heads * (m->qk_nope_dim + m->qk_rope_dim);
+        char what[96];
+        int r;
+
+        const LinearSpec attn[] = {
+                {&L->mla.kv_a, "kv_a_proj_with_mqa", c->hidden, m->kv_lora_rank + m->qk_rope_dim},
+                {&L->mla.kv_b, "kv_b_proj", m->kv_lora_rank,
+                        c->n_heads * (m->qk_nope_dim + m->v_head_dim)},
+                {&L->o, "o_proj", c->n_heads * m->v_head_dim, c->hidden},
+        };
+        const LinearSpec q_lora[] = {
+                {&L->mla.q_a, "q_a_proj", c->hidden, m->q_lora_rank},
+                {&L->mla.q_b, "q_b_proj", m->q_lora_rank, q_dim},
+        };
+        const LinearSpec q_plain[] = {{&L->q, "q_proj", c->hidden, q_dim}};
+        if ((r = linears_check(attn, ELEMENTSOF(attn), l, err)) < 0 ||
+                (r = m->q_lora_rank ? linears_check(q_lora, ELEMENTSOF(q_lora), l, err)
+                                    : linears_check(q_plain, 1, l, err)) < 0)
+                return r;
+        snprintf(what, sizeof(what), "layer %u kv_a_layernorm", l);
+        if ((r = tensor_check(L->mla.kv_a_norm, what, err)) < 0)
+                return r;
+        if (m->q_lora_rank) {
+                snprintf(what, sizeof(what), "layer %u q_a_layernorm", l);
+                if ((r = tensor_check(L->mla.q_a_norm, what, err)) < 0)
+                        return r;
+        }
+
+        if (!L->moe.experts) {
+                const BkExpert dense = {L->gate, L->up, L->down};
+                return expert_check(c, &dense, "mlp", c->intermediate, l, err);
+        }
+        snprintf(what, sizeof(what), "layer %u router", l);
+        if ((r = tensor_check(L->moe.router, what, err)) < 0)
+                return r;
+        if (mc->topk_method == BK_TOPK_NOAUX_TC) {
+                snprintf(what, sizeof(what), "layer %u e_score_correction_bias", l);
+                if ((r = tensor_check(L->moe.score_bias, what, err)) < 0)
+                        return r;
+        }
+        for (uint32_t e = 0; e < mc->n_routed; e++) {
+                snprintf(what, sizeof(what), "expert %u", e);
+                if ((r = expert_check(c, &L->moe.experts[e], what, mc->expert_dim, l, err)) < 0)
+                        return r;
+        }
+        if (mc->n_shared == 0)
+                return 0;
+        return expert_check(c, &L->moe.shared, "shared_experts", mc->n_shared * mc->expert_dim, l,
+                err);
+}
+
+/* The routing and latent dimensions the forward pass relies on. */
+static int deepseek_config_check(const BkConfig *c, DsError *err)
+{
+        const BkMlaConfig *m = &c->mla;
+        const BkMoeConfig *mc = &c->moe;
+
+        if (m->kv_lora_rank == 0 || m->qk_nope_dim == 0 || m->qk_rope_dim == 0 ||
+                m->qk_rope_dim % 2 != 0 || m->v_head_dim == 0 ||
+                c->head_dim != m->qk_nope_dim + m->qk_rope_dim || c->n_kv_heads != c->n_heads ||
+                !(m->softmax_scale > 0.0f))
+                return ds_error(err, -DS_ERR_FORMAT, "inconsistent MLA dimensions");
+        if (mc->n_routed == 0)
+                return 0;
+        if (mc->top_k == 0 || mc->top_k > mc->n_routed || mc->expert_dim == 0 ||
+                mc->n_group == 0 || mc->n_routed % mc->n_group != 0 || mc->topk_group == 0 ||
+                mc->topk_group > mc->n_group || mc->layer_freq == 0 ||
+                (unsigned) mc->topk_method >= _BK_TOPK_MAX ||
+                (unsigned) mc->scoring >= _BK_SCORING_MAX ||
+                (mc->topk_method == BK_TOPK_NOAUX_TC && mc->n_routed / mc->n_group < 2) ||
+                !(mc->routed_scaling_factor > 0.0f))
+                return ds_error(err, -DS_ERR_FORMAT, "inconsistent MoE routing parameters");
+        return 0;
+}
+
 static int model_check(const BkModel *m, DsError *err)
 {
         const BkConfig *c = &m->cfg;
@@ -163,6 +381,8 @@ static int model_check(const BkModel *m, DsError *err)
                 c->vocab_sample > c->vocab_size || c->max_positions == 0 || !m->layers)
                 return ds_error(err, -DS_ERR_FORMAT, "inconsistent model dimensions");
 
+        if (is_mla(c) && (r = deepseek_config_check(c, err)) < 0)
+                return r;
         r = tensor_check(m->embed, "embedding", err);
         if (r < 0)
                 return r;
@@ -175,11 +395,7 @@ static int model_check(const BkModel *m, DsError *err)
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
-                const struct {
-                        const BkLinear *lin;
-                        const char *name;
-                        uint32_t in, out;
-                } lins[] = {
+                const LinearSpec lins[] = {
                         {&L->q, "q_proj", c->hidden, q_dim},
                         {&L->k, "k_proj", c->hidden, kv_dim},
                         {&L->v, "v_proj", c->hidden, kv_dim},
@@ -188,12 +404,10 @@ static int model_check(const BkModel *m, DsError *err)
                         {&L->up, "up_proj", c->hidden, c->intermediate},
                         {&L->down, "down_proj", c->intermediate, c->hidden},
                 };
-                for (size_t i = 0; i < ELEMENTSOF(lins); i++) {
-                        snprintf(what, sizeof(what), "layer %u %s", l, lins[i].name);
-                        r = cpu_linear_check(lins[i].lin, lins[i].in, lins[i].out, what, err);
-                        if (r < 0)
-                                return r;
-                }
+                r = is_mla(c) ? deepseek_layer_check(c, L, l, err)
+                              : linears_check(lins, ELEMENTSOF(lins), l, err);
+                if (r < 0)
+                        return r;
                 snprintf(what, sizeof(what), "layer %u input_layernorm", l);
                 r = tensor_check(L->attn_norm, what, err);
                 if (r < 0)
@@ -278,6 +492,207 @@ static void attention_row(
         }
 }
 
+/* Causal attention of one row over the latent cache, in the absorbed form: head h scores
+ * position t as q_lat[h]·c_kv[t] + q_pe[h]·k_pe[t] and sums the latents c_kv[t]. q is the
+ * row's (n_heads, P + R) queries with the rope part rotated, out its (n_heads, rank). */
+static void attention_row_mla(Backend *b, const BkSeq *seq, const Row *row, uint32_t layer,
+        const float *q, const float *q_lat, float *out)
+{
+        const BkConfig *c = &b->model->cfg;
+        const BkMlaConfig *m = &c->mla;
+        uint32_t rank = m->kv_lora_rank, R = m->qk_rope_dim, qk = c->head_dim;
+        uint32_t width = kv_width(c);
+        float *att = b->s.att;
+
+        for (uint32_t h = 0; h < c->n_heads; h++) {
+                const float *ql = q_lat + (size_t) h * rank;
+                const float *qpe = q + (size_t) h * qk + m->qk_nope_dim;
+                float *oh = out + (size_t) h * rank;
+
+                /* scores */
+                float max = -INFINITY;
+                for (uint32_t t = 0; t <= row->pos; t++) {
+                        const float *lat = kv_at(&b->kv, b->kv.k, width, layer, seq, t);
+                        float nope = 0.0f, pe = 0.0f;
+                        for (uint32_t i = 0; i < rank; i++)
+                                nope += ql[i] * lat[i];
+                        for (uint32_t i = 0; i < R; i++)
+                                pe += qpe[i] * lat[rank + i];
+                        att[t] = (nope + pe) * m->softmax_scale;
+                        max = fmaxf(max, att[t]);
+                }
+
+                /* softmax */
+                float sum = 0.0f;
+                for (uint32_t t = 0; t <= row->pos; t++) {
+                        att[t] = expf(att[t] - max);
+                        sum += att[t];
+                }
+                for (uint32_t t = 0; t <= row->pos; t++)
+                        att[t] /= sum;
+
+                /* weighted sum of the latents */
+                memset(oh, 0, rank * sizeof(float));
+                for (uint32_t t = 0; t <= row->pos; t++) {
+                        const float *lat = kv_at(&b->kv, b->kv.k, width, layer, seq, t);
+                        for (uint32_t i = 0; i < rank; i++)
+                                oh[i] += att[t] * lat[i];
+                }
+        }
+}
+
+/* Grouped-query attention of rows 0..n-1 (Llama, Qwen2) from their normed inputs in s->xb
+ * into s->att_out (n, n_heads * head_dim). */
+static void attention_gqa(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
+{
+        const BkConfig *c = &b->model->cfg;
+        const BkLayer *L = &b->model->layers[l];
+        RunState *s = &b->s;
+        uint32_t hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+
+        /* q, k, v projections */
+        cpu_linear(&L->q, s->xb, n, s->q, s->linear);
+        cpu_linear(&L->k, s->xb, n, s->k, s->linear);
+        cpu_linear(&L->v, s->xb, n, s->v, s->linear);
+
+        /* rope on q and k, then k and v into the cache at each row's position */
+        for (uint32_t r = 0; r < n; r++) {
+                const float *cs = s->cos + (size_t) r * hd / 2;
+                const float *sn = s->sin + (size_t) r * hd / 2;
+                const BkSeq *seq = &seqs[s->rows[r].seq];
+                float *k = s->k + (size_t) r * kv_dim, *v = s->v + (size_t) r * kv_dim;
+
+                cpu_rope_apply(s->q + (size_t) r * q_dim, c->n_heads, hd, cs, sn);
+                cpu_rope_apply(k, c->n_kv_heads, hd, cs, sn);
+                memcpy(kv_at(&b->kv, b->kv.k, kv_dim, l, seq, s->rows[r].pos), k,
+                        kv_dim * sizeof(float));
+                memcpy(kv_at(&b->kv, b->kv.v, kv_dim, l, seq, s->rows[r].pos), v,
+                        kv_dim * sizeof(float));
+        }
+
+        /* causal grouped-query attention over the cache */
+        for (uint32_t r = 0; r < n; r++)
+                attention_row(b, &seqs[s->rows[r].seq], &s->rows[r], l, s->q + (size_t) r * q_dim,
+                        s->att_out + (size_t) r * q_dim);
+}
+
+/* Multi-head latent attention (DeepSeek) of rows 0..n-1 from their normed inputs in s->xb
+ * into s->att_out (n, n_heads * Vd). Only the latent and k_pe reach the cache. */
+static void attention_mla(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
+{
+        const BkConfig *c = &b->model->cfg;
+        const BkMlaConfig *m = &c->mla;
+        const BkLayer *L = &b->model->layers[l];
+        RunState *s = &b->s;
+        uint32_t qk = c->head_dim, q_dim = c->n_heads * qk, R = m->qk_rope_dim;
+        uint32_t rank = m->kv_lora_rank, width = kv_width(c);
+
+        /* queries: q_proj, or q_a_proj → q_a_layernorm → q_b_proj */
+        if (m->q_lora_rank) {
+                cpu_linear(&L->mla.q_a, s->xb, n, s->qa, s->linear);
+                rmsnorm(s->qa, s->qa, L->mla.q_a_norm, n, m->q_lora_rank, MLA_NORM_EPS);
+                cpu_linear(&L->mla.q_b, s->qa, n, s->q, s->linear);
+        } else
+                cpu_linear(&L->q, s->xb, n, s->q, s->linear);
+
+        /* the compressed latent and the shared rope key: [c_kv | k_pe] */
+        cpu_linear(&L->mla.kv_a, s->xb, n, s->kva, s->linear);
+
+        /* kv_a_layernorm on c_kv, rope on k_pe and on every head's q_pe, both into the
+         * cache at each row's position */
+        for (uint32_t r = 0; r < n; r++) {
+                const float *cs = s->cos + (size_t) r * R / 2;
+                const float *sn = s->sin + (size_t) r * R / 2;
+                const BkSeq *seq = &seqs[s->rows[r].seq];
+                float *lat = kv_at(&b->kv, b->kv.k, width, l, seq, s->rows[r].pos);
+                const float *kva = s->kva + (size_t) r * width;
+
+                rmsnorm(lat, kva, L->mla.kv_a_norm, 1, rank, MLA_NORM_EPS);
+                memcpy(lat + rank, kva + rank, R * sizeof(float));
+                cpu_rope_apply_pairs(lat + rank, R, cs, sn);
+                for (uint32_t h = 0; h < c->n_heads; h++)
+                        cpu_rope_apply_pairs(
+                                s->q + (size_t) r * q_dim + (size_t) h * qk + m->qk_nope_dim, R,
+                                cs, sn);
+        }
+
+        /* absorbed queries: each head's q_nope through W_UK into the latent space */
+        cpu_mla_absorb_q(c, &L->mla.kv_b, s->q, n, s->q_lat, s->wrow);
+
+        /* causal attention over the latent cache */
+        for (uint32_t r = 0; r < n; r++)
+                attention_row_mla(b, &seqs[s->rows[r].seq], &s->rows[r], l,
+                        s->q + (size_t) r * q_dim, s->q_lat + (size_t) r * c->n_heads * rank,
+                        s->o_lat + (size_t) r * c->n_heads * rank);
+
+        /* values: each head's latent sum through W_UV */
+        cpu_mla_values(c, &L->mla.kv_b, s->o_lat, n, s->att_out, s->wrow);
+}
+
+/* y (rows, hidden) = down(silu(gate(x)) * up(x)) for x (rows, hidden). */
+static void swiglu(RunState *s, const BkExpert *e, const float *x, uint32_t rows, float *y)
+{
+        uint32_t width = e->gate.out;
+
+        cpu_linear(&e->gate, x, rows, s->hb, s->linear);
+        cpu_linear(&e->up, x, rows, s->hb2, s->linear);
+        for (size_t i = 0; i < (size_t) rows * width; i++) {
+                float g = s->hb[i];
+                s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+        }
+        cpu_linear(&e->down, s->hb, rows, y, s->linear);
+}
+
+/* The MoE MLP of rows 0..n-1 from s->xb back into s->xb: routed experts weighted, plus
+ * the shared experts. */
+static void ffn_moe(Backend *b, uint32_t n, uint32_t l)
+{
+        const BkConfig *c = &b->model->cfg;
+        const BkMoeConfig *mc = &c->moe;
+        const BkMoe *moe = &b->model->layers[l].moe;
+        RunState *s = &b->s;
+        uint32_t dim = c->hidden, k = mc->top_k;
+
+        /* router logits in float32, and each row's experts and weights */
+        BkLinear router = router_linear(c, moe);
+        cpu_linear(&router, s->xb, n, s->router, s->linear);
+        for (uint32_t r = 0; r < n; r++)
+                cpu_moe_route(mc, s->router + (size_t) r * mc->n_routed, moe->score_bias, s->route,
+                        s->expert_idx + (size_t) r * k, s->expert_w + (size_t) r * k);
+
+        /* routed experts in ascending id, each on the rows that chose it; a row's sum so
+         * runs in the same order whatever else is in the tile */
+        memset(s->moe_out, 0, (size_t) n * dim * sizeof(float));
+        for (uint32_t e = 0; e < mc->n_routed; e++) {
+                uint32_t who[TILE_ROWS], m = 0;
+                float w[TILE_ROWS];
+                for (uint32_t r = 0; r < n; r++)
+                        for (uint32_t j = 0; j < k; j++)
+                                if (s->expert_idx[(size_t) r * k + j] == e) {
+                                        memcpy(s->gx + (size_t) m * dim, s->xb + (size_t) r * dim,
+                                                dim * sizeof(float));
+                                        w[m] = s->expert_w[(size_t) r * k + j];
+                                        who[m++] = r;
+                                }
+                if (m == 0)
+                        continue;
+                swiglu(s, &moe->experts[e], s->gx, m, s->gy);
+                for (uint32_t j = 0; j < m; j++)
+                        for (uint32_t i = 0; i < dim; i++)
+                                s->moe_out[(size_t) who[j] * dim + i] +=
+                                        s->gy[(size_t) j * dim + i] * w[j];
+        }
+
+        /* shared experts on every row, added to the routed sum */
+        if (mc->n_shared == 0) {
+                memcpy(s->xb, s->moe_out, (size_t) n * dim * sizeof(float));
+                return;
+        }
+        swiglu(s, &moe->shared, s->xb, n, s->gy);
+        for (size_t i = 0; i < (size_t) n * dim; i++)
+                s->xb[i] = s->moe_out[i] + s->gy[i];
+}
+
 /* Runs the first n rows of b->s.rows through the model and leaves the logits of the rows
  * that want them, in row order, in s->logits. */
 static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
@@ -285,8 +700,7 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
         const BkModel *m = b->model;
         const BkConfig *c = &m->cfg;
         RunState *s = &b->s;
-        uint32_t dim = c->hidden, hd = c->head_dim;
-        uint32_t q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
+        uint32_t dim = c->hidden, rd = rope_dim(c);
 
         /* token embedding */
         for (uint32_t r = 0; r < n; r++)
@@ -296,8 +710,8 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
 
         /* rope angles, shared by every layer */
         for (uint32_t r = 0; r < n; r++)
-                cpu_rope_angles(s->inv_freq, hd, s->attention_factor, s->rows[r].pos,
-                        s->cos + (size_t) r * hd / 2, s->sin + (size_t) r * hd / 2);
+                cpu_rope_angles(s->inv_freq, rd, s->attention_factor, s->rows[r].pos,
+                        s->cos + (size_t) r * rd / 2, s->sin + (size_t) r * rd / 2);
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
@@ -305,30 +719,11 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
                 /* attention rmsnorm */
                 rmsnorm(s->xb, s->x, L->attn_norm, n, dim, c->rms_eps);
 
-                /* q, k, v projections */
-                cpu_linear(&L->q, s->xb, n, s->q, s->linear);
-                cpu_linear(&L->k, s->xb, n, s->k, s->linear);
-                cpu_linear(&L->v, s->xb, n, s->v, s->linear);
-
-                /* rope on q and k, then k and v into the cache at each row's position */
-                for (uint32_t r = 0; r < n; r++) {
-                        const float *cs = s->cos + (size_t) r * hd / 2;
-                        const float *sn = s->sin + (size_t) r * hd / 2;
-                        const BkSeq *seq = &seqs[s->rows[r].seq];
-                        float *k = s->k + (size_t) r * kv_dim, *v = s->v + (size_t) r * kv_dim;
-
-                        cpu_rope_apply(s->q + (size_t) r * q_dim, c->n_heads, hd, cs, sn);
-                        cpu_rope_apply(k, c->n_kv_heads, hd, cs, sn);
-                        memcpy(kv_at(&b->kv, b->kv.k, kv_dim, l, seq, s->rows[r].pos), k,
-                                kv_dim * sizeof(float));
-                        memcpy(kv_at(&b->kv, b->kv.v, kv_dim, l, seq, s->rows[r].pos), v,
-                                kv_dim * sizeof(float));
-                }
-
-                /* causal grouped-query attention over the cache */
-                for (uint32_t r = 0; r < n; r++)
-                        attention_row(b, &seqs[s->rows[r].seq], &s->rows[r], l,
-                                s->q + (size_t) r * q_dim, s->att_out + (size_t) r * q_dim);
+                /* attention: latent (DeepSeek) or grouped-query, into s->att_out */
+                if (is_mla(c))
+                        attention_mla(b, seqs, n, l);
+                else
+                        attention_gqa(b, seqs, n, l);
 
                 /* output projection and residual */
                 cpu_linear(&L->o, s->att_out, n, s->xb, s->linear);
@@ -338,16 +733,15 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
                 /* ffn rmsnorm */
                 rmsnorm(s->xb, s->x, L->mlp_norm, n, dim, c->rms_eps);
 
-                /* swiglu: silu(gate) * up */
-                cpu_linear(&L->gate, s->xb, n, s->hb, s->linear);
-                cpu_linear(&L->up, s->xb, n, s->hb2, s->linear);
-                for (size_t i = 0; i < (size_t) n * c->intermediate; i++) {
-                        float g = s->hb[i];
-                        s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
+                /* mixture of experts, or the dense swiglu MLP, into s->xb */
+                if (L->moe.experts)
+                        ffn_moe(b, n, l);
+                else {
+                        const BkExpert dense = {L->gate, L->up, L->down};
+                        swiglu(s, &dense, s->xb, n, s->xb);
                 }
 
-                /* down projection and residual */
-                cpu_linear(&L->down, s->hb, n, s->xb, s->linear);
+                /* residual */
                 for (size_t i = 0; i < (size_t) n * dim; i++)
                         s->x[i] += s->xb[i];
         }
@@ -403,8 +797,8 @@ static int cpu_load(Backend *b, const BkModel *model, DsError *err)
                 run_state_free(&b->s);
                 return ds_error(err, r, "cpu backend: out of memory for the run state");
         }
-        r = cpu_rope_init(
-                &model->cfg.rope, model->cfg.head_dim, b->s.inv_freq, &b->s.attention_factor, err);
+        r = cpu_rope_init(&model->cfg.rope, rope_dim(&model->cfg), b->s.inv_freq,
+                &b->s.attention_factor, err);
         if (r < 0) {
                 run_state_free(&b->s);
                 return ds_error_prefix(err, "cpu backend");
@@ -418,7 +812,9 @@ static uint64_t cpu_kv_bytes_per_token(const Backend *b)
         if (!b || !b->model)
                 return 0;
         const BkConfig *c = &b->model->cfg;
-        return (uint64_t) c->n_layers * 2 * c->n_kv_heads * c->head_dim * sizeof(float);
+        /* MLA keeps one latent per position; other models a K and a V. */
+        uint64_t per_layer = is_mla(c) ? kv_width(c) : 2 * (uint64_t) kv_width(c);
+        return (uint64_t) c->n_layers * per_layer * sizeof(float);
 }
 
 static int64_t cpu_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_bytes, DsError *err)
@@ -438,11 +834,12 @@ static int64_t cpu_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_bytes
                         (unsigned long long) mem_bytes, block_tokens,
                         (unsigned long long) block_bytes);
 
-        /* Half of block_bytes each for K and V. */
-        size_t floats = (size_t) (n_blocks * block_bytes / 2 / sizeof(float));
+        /* Half of block_bytes each for K and V, or all of it for MLA's latent. */
+        bool mla = is_mla(&b->model->cfg);
+        size_t floats = (size_t) (n_blocks * block_bytes / (mla ? 1 : 2) / sizeof(float));
         b->kv.k = calloc(floats, sizeof(float));
-        b->kv.v = calloc(floats, sizeof(float));
-        if (!b->kv.k || !b->kv.v) {
+        b->kv.v = mla ? NULL : calloc(floats, sizeof(float));
+        if (!b->kv.k || (!mla && !b->kv.v)) {
                 kv_free(&b->kv);
                 return ds_error(err, -ENOMEM, "cpu backend: out of memory for %llu KV blocks",
                         (unsigned long long) n_blocks);

@@ -177,3 +177,23 @@ void cpu_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, floa
                                 y[(size_t) r * l->out + o] += b;
                 }
 }
+
+void cpu_linear_row(const BkLinear *l, uint32_t k, float *row)
+{
+        if (l->kind != BK_LINEAR_AWQ) {
+                for (uint32_t n = 0; n < l->out; n++)
+                        row[n] = cpu_tensor_get(l->w, (size_t) n * l->in + k);
+                return;
+        }
+
+        const uint32_t words = l->out / 8;
+        const uint32_t *qw = l->qweight + (size_t) k * words;
+        const uint32_t *qz = l->qzeros + (size_t) (k / l->group_size) * words;
+        const uint16_t *sc = l->scales + (size_t) (k / l->group_size) * l->out;
+        for (uint32_t n = 0; n < l->out; n++) {
+                unsigned shift = 4 * AWQ_NIBBLE[n % 8];
+                float q = (float) ((qw[n / 8] >> shift) & 0xF);
+                float z = (float) ((qz[n / 8] >> shift) & 0xF);
+                row[n] = (q - z) * f16_to_f32(sc[n]);
+        }
+}

@@ -22,3 +22,7 @@ size_t cpu_linear_scratch_size(const BkLinear *l);
 /* y (rows, l->out) = x (rows, l->in) · W + bias. scratch holds cpu_linear_scratch_size()
  * floats. */
 void cpu_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch);
+
+/* row (l->out) = input row k of W (the [in][out] view), dequantized to float32 exactly as
+ * cpu_linear() sees it: for code that needs W itself, like MLA's absorbed attention. */
+void cpu_linear_row(const BkLinear *l, uint32_t k, float *row);

@@ -123,3 +123,12 @@ void cpu_rope_apply(
                 }
         }
 }
+
+void cpu_rope_apply_pairs(float *x, uint32_t dim, const float *cos_in, const float *sin_in)
+{
+        for (uint32_t i = 0; i < dim / 2; i++) {
+                float a = x[2 * i], b = x[2 * i + 1];
+                x[2 * i] = a * cos_in[i] - b * sin_in[i];
+                x[2 * i + 1] = a * sin_in[i] + b * cos_in[i];
+        }
+}

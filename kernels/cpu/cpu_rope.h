@@ -21,3 +21,9 @@ void cpu_rope_angles(const float *inv_freq, uint32_t head_dim, float attention_f
  * element i + head_dim/2. */
 void cpu_rope_apply(
         float *x, uint32_t n_heads, uint32_t head_dim, const float *cos_in, const float *sin_in);
+
+/* Rotates one vector x (dim) in place with interleaved pairs (2i, 2i+1), as DeepSeek's
+ * MLA does on its rope part: transformers' complex multiply (V2) and its
+ * de-interleave-then-rotate-half (V3) give these values, the latter in the order
+ * evens-then-odds, which no dot product between rotated vectors can tell apart. */
+void cpu_rope_apply_pairs(float *x, uint32_t dim, const float *cos_in, const float *sin_in);
