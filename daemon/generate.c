@@ -5,75 +5,11 @@
 #include <string.h>
 
 #include "engine.h"
+#include "holdback.h"
 #include "log.h"
 
 /* Prefill tokens per step: bounds the backend's scratch, as the scheduler's budget will. */
 #define PREFILL_CHUNK 512u
-
-/* Output held back because it might be the start of a stop string. */
-typedef struct Pending {
-        char *buf;
-        size_t len, cap;
-} Pending;
-
-static void pending_done(Pending *p)
-{
-        free(p->buf);
-}
-
-static int pending_append(Pending *p, const char *s, size_t n)
-{
-        if (n == 0)
-                return 0;
-        if (p->len + n > p->cap) {
-                size_t cap = MAX(p->cap * 2, p->len + n + 256);
-                char *b = realloc(p->buf, cap);
-                if (!b)
-                        return -ENOMEM;
-                p->buf = b;
-                p->cap = cap;
-        }
-        memcpy(p->buf + p->len, s, n);
-        p->len += n;
-        return 0;
-}
-
-/* Emits what can no longer become part of a stop string. Returns true when a stop string
- * was found: the text before it was emitted and the rest dropped. */
-static bool pending_release(Pending *p, const GenParams *gp, bool final, GenEmit emit,
-        void *userdata)
-{
-        size_t cut = p->len, keep = 0;
-        bool stopped = false;
-
-        for (uint32_t i = 0; i < gp->n_stops; i++) {
-                const char *hit = memmem(p->buf, p->len, gp->stops[i], strlen(gp->stops[i]));
-                if (hit && (size_t) (hit - p->buf) <= cut) {
-                        cut = (size_t) (hit - p->buf);
-                        stopped = true;
-                }
-        }
-        if (!stopped && !final)
-                /* Longest tail of the text that a stop string begins with. */
-                for (uint32_t i = 0; i < gp->n_stops; i++) {
-                        size_t sl = strlen(gp->stops[i]);
-                        for (size_t k = MIN(sl - 1, p->len); k > keep; k--)
-                                if (!memcmp(p->buf + p->len - k, gp->stops[i], k)) {
-                                        keep = k;
-                                        break;
-                                }
-                }
-        cut = stopped ? cut : p->len - keep;
-        if (cut > 0 && emit)
-                emit(userdata, p->buf, cut);
-        if (stopped)
-                p->len = 0;
-        else if (cut > 0) {
-                memmove(p->buf, p->buf + cut, p->len - cut);
-                p->len -= cut;
-        }
-        return stopped;
-}
 
 int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
         size_t *ret_n, DsError *err)
@@ -131,7 +67,7 @@ int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit em
         _cleanup_(tok_stream_freep) TokStream *ts = NULL;
         const BkConfig *cfg = &e->model->bk.cfg;
         GenResult res = {};
-        _cleanup_(pending_done) Pending pend = {};
+        _cleanup_(holdback_done) Holdback pend = {};
         char piece[TOK_STREAM_OUT_MAX];
         size_t n_prompt = 0;
         int32_t next = -1;
@@ -209,12 +145,12 @@ int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit em
                         r = ds_error(err, n, "cannot decode token %d", next);
                         goto out;
                 }
-                r = pending_append(&pend, piece, (size_t) n);
+                r = holdback_append(&pend, piece, (size_t) n);
                 if (r < 0) {
                         ds_error(err, r, "out of memory");
                         goto out;
                 }
-                if (pending_release(&pend, gp, false, emit, userdata)) {
+                if (holdback_release(&pend, gp->stops, gp->n_stops, false, emit, userdata)) {
                         res.finish = FINISH_STOP;
                         break;
                 }
@@ -239,11 +175,11 @@ int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit em
         }
         if (res.finish != FINISH_STOP) {
                 int n = tok_stream_flush(ts, piece);
-                if (n > 0 && pending_append(&pend, piece, (size_t) n) < 0) {
+                if (n > 0 && holdback_append(&pend, piece, (size_t) n) < 0) {
                         r = ds_error(err, -ENOMEM, "out of memory");
                         goto out;
                 }
-                if (pending_release(&pend, gp, true, emit, userdata))
+                if (holdback_release(&pend, gp->stops, gp->n_stops, true, emit, userdata))
                         res.finish = FINISH_STOP;
         }
         res.decode_usec = now_usec() - t0;
