@@ -55,8 +55,8 @@ static void check_greedy(Fixture *f, const Golden *g, const char *dir)
         for (uint32_t i = 0; i < g->n_new; i++) {
                 if (g->margins[i] < MARGIN_MIN)
                         break;
-                CHECK(id == g->new_ids[i], "%s: step %u: id %d, transformers %d (margin %.3g)",
-                        dir, i, id, g->new_ids[i], g->margins[i]);
+                CHECK(id == g->new_ids[i], "%s: step %u: id %d, transformers %d (margin %.3g)", dir,
+                        i, id, g->new_ids[i], g->margins[i]);
                 compared++;
                 /* Feed the reference id, so one step's miss cannot hide in the next. */
                 id = fix_step(f, &g->new_ids[i], 1, g->n_prompt + i, NULL, true);

@@ -98,8 +98,8 @@ int main(void)
         ModelInfo info;
         DsError err = {0};
 
-        CHECK(model_config_parse("v2-lite config.json", V2_LITE, strlen(V2_LITE), &c, &info,
-                      &err) == 0,
+        CHECK(model_config_parse(
+                      "v2-lite config.json", V2_LITE, strlen(V2_LITE), &c, &info, &err) == 0,
                 "%s", err.msg);
         uint64_t bytes = cpu_kv_bytes(&c);
         printf("DeepSeek-V2-Lite: %llu KV bytes per token (27 layers x 576 floats)\n",

@@ -23,8 +23,8 @@ static void route(const BkMoeConfig *mc, const float *logits, const float *bias,
         for (uint32_t i = 0; i < mc->top_k; i++) {
                 CHECK(idx[i] == want_idx[i], "%s: expert %u is %u, expected %u", what, i, idx[i],
                         want_idx[i]);
-                CHECK(fabsf(w[i] - want_w[i]) < 1e-6f, "%s: weight %u is %.9g, expected %.9g",
-                        what, i, w[i], want_w[i]);
+                CHECK(fabsf(w[i] - want_w[i]) < 1e-6f, "%s: weight %u is %.9g, expected %.9g", what,
+                        i, w[i], want_w[i]);
         }
         printf("%s: ok\n", what);
 }
@@ -38,11 +38,14 @@ int main(void)
 {
         /* softmax of ln(1..4) is 0.1, 0.2, 0.3, 0.4 */
         const float ln4[4] = {logf(1), logf(2), logf(3), logf(4)};
-        BkMoeConfig greedy = {.n_routed = 4, .top_k = 2, .n_group = 1, .topk_group = 1,
-                .topk_method = BK_TOPK_GREEDY, .scoring = BK_SCORING_SOFTMAX,
+        BkMoeConfig greedy = {.n_routed = 4,
+                .top_k = 2,
+                .n_group = 1,
+                .topk_group = 1,
+                .topk_method = BK_TOPK_GREEDY,
+                .scoring = BK_SCORING_SOFTMAX,
                 .routed_scaling_factor = 2.0f};
-        route(&greedy, ln4, NULL, (uint32_t[]){2, 3}, (float[]){0.6f, 0.8f},
-                "greedy, scaled by 2");
+        route(&greedy, ln4, NULL, (uint32_t[]){2, 3}, (float[]){0.6f, 0.8f}, "greedy, scaled by 2");
         greedy.norm_topk_prob = true;
         route(&greedy, ln4, NULL, (uint32_t[]){2, 3}, (float[]){0.3f / 0.7f, 0.4f / 0.7f},
                 "greedy, normalised (and so not scaled)");
@@ -50,8 +53,12 @@ int main(void)
         /* Probabilities 8,1 | 7,1 | 2,2 | 1,1 over 23: greedy takes 0 and 2; keeping only
          * the group of best max (group 0) takes 0 and 1. */
         const float p8[8] = {logf(8), 0, logf(7), 0, logf(2), logf(2), 0, 0};
-        BkMoeConfig grouped = {.n_routed = 8, .top_k = 2, .n_group = 4, .topk_group = 1,
-                .topk_method = BK_TOPK_GROUP_LIMITED_GREEDY, .scoring = BK_SCORING_SOFTMAX,
+        BkMoeConfig grouped = {.n_routed = 8,
+                .top_k = 2,
+                .n_group = 4,
+                .topk_group = 1,
+                .topk_method = BK_TOPK_GROUP_LIMITED_GREEDY,
+                .scoring = BK_SCORING_SOFTMAX,
                 .routed_scaling_factor = 1.0f};
         route(&grouped, p8, NULL, (uint32_t[]){0, 1}, (float[]){8.0f / 23, 1.0f / 23},
                 "group_limited_greedy, one group kept");
@@ -63,9 +70,14 @@ int main(void)
          * unbiased sigmoids, normalised, times 2.5. */
         const float lg[4] = {2, 1, 0, -1}, bias[4] = {0, 0, 1, 0}, zero[4] = {0};
         float s0 = sigmoid(2), s1 = sigmoid(1), s2 = sigmoid(0);
-        BkMoeConfig v3 = {.n_routed = 4, .top_k = 2, .n_group = 1, .topk_group = 1,
-                .topk_method = BK_TOPK_NOAUX_TC, .scoring = BK_SCORING_SIGMOID,
-                .norm_topk_prob = true, .routed_scaling_factor = 2.5f};
+        BkMoeConfig v3 = {.n_routed = 4,
+                .top_k = 2,
+                .n_group = 1,
+                .topk_group = 1,
+                .topk_method = BK_TOPK_NOAUX_TC,
+                .scoring = BK_SCORING_SIGMOID,
+                .norm_topk_prob = true,
+                .routed_scaling_factor = 2.5f};
         route(&v3, lg, zero, (uint32_t[]){0, 1},
                 (float[]){2.5f * s0 / (s0 + s1), 2.5f * s1 / (s0 + s1)}, "noaux_tc, no bias");
         route(&v3, lg, bias, (uint32_t[]){0, 2},
@@ -80,9 +92,14 @@ int main(void)
          * though the dropped experts' unbiased sigmoids are as large. */
         const float flat[8] = {0};
         const float nbias[8] = {1, -0.9f, 0.8f, 0.8f, -2, -2, -2, -2};
-        BkMoeConfig v3g = {.n_routed = 8, .top_k = 4, .n_group = 4, .topk_group = 2,
-                .topk_method = BK_TOPK_NOAUX_TC, .scoring = BK_SCORING_SIGMOID,
-                .norm_topk_prob = true, .routed_scaling_factor = 1.0f};
+        BkMoeConfig v3g = {.n_routed = 8,
+                .top_k = 4,
+                .n_group = 4,
+                .topk_group = 2,
+                .topk_method = BK_TOPK_NOAUX_TC,
+                .scoring = BK_SCORING_SIGMOID,
+                .norm_topk_prob = true,
+                .routed_scaling_factor = 1.0f};
         route(&v3g, flat, nbias, (uint32_t[]){0, 1, 2, 3}, (float[]){0.25f, 0.25f, 0.25f, 0.25f},
                 "noaux_tc, groups ranked by top-2 sums, negative kept value");
         return 0;
