@@ -1,0 +1,1122 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend: Llama and Qwen2 forward passes on one GPU, with the stage names of
+ * kernels/cpu/cpu_backend.c so the two read side by side.
+ *
+ * Weights go up once at load: AWQ linears repacked for the GEMV (cuda_kernels.cu), q|k|v
+ * and gate|up fused, dense layers and the embedding as FP16, norms and biases as float32.
+ * A step's tokens are dealt into tiles (rows, attention items, block-table entries and
+ * logits rows bounded by the scratch sized at load); each tile runs through every layer.
+ * Up to 16 rows a linear is the INT4 GEMV (in passes of GEMV_ROWS); above, its weight is
+ * dequantized into FP16 scratch and multiplied by cuBLAS with float32 accumulation.
+ *
+ * A step made only of single-token decodes replays a CUDA graph captured once per batch
+ * bucket (1, 2, 4, ...): the step's metadata (tokens, positions, slots, block tables,
+ * attention items) goes up in one copy into a buffer the graph reads, padded rows write
+ * their K/V into a spare block nobody owns, and only ids come back. Greedy rows are
+ * sampled on the GPU (argmax); rows with temperature or penalties copy their logits row
+ * to the host and go through bk_sample.
+ *
+ * Every row of a sequence is computed by the same kernels in the same order whatever else
+ * is in the step, as long as the step's row count stays on the same side of the
+ * GEMV/cuBLAS switch: cuBLAS's own blocking is not ours to fix. */
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "cpu_linear.h"
+#include "cpu_rope.h"
+#include "cuda_backend.h"
+#include "half.h"
+}
+#include "cuda_kernels.cuh"
+
+/* Rows above which a linear goes through cuBLAS instead of the GEMV. */
+#define GEMV_MAX_ROWS 16
+/* Scratch bounds of one tile. */
+#define TILE_ROWS   2048u
+#define TILE_OUT    256u     /* rows whose logits one tile computes */
+#define TILE_ITEMS  24576u   /* attention work items */
+#define TILE_BT     1048576u /* block-table entries */
+#define GRAPH_MAX   256u     /* largest decode batch replayed from a graph */
+#define N_BUCKETS   9        /* 1, 2, 4, ..., GRAPH_MAX */
+#define BLAS_WS     (32u << 20)
+
+typedef struct CuLayer {
+        float *attn_norm, *mlp_norm;
+        CuLinear qkv, o, gate_up, down;
+} CuLayer;
+
+/* One row of a tile, as the host plans it. */
+typedef struct Row {
+        uint32_t seq;
+        uint32_t pos;
+        bool logits;
+} Row;
+
+struct Backend {
+        const BkModel *model;
+        BkConfig cfg;
+        bool eager;
+        int n_sm;
+        cudaStream_t st;
+        cublasHandle_t blas;
+        cublasStatus_t blas_status; /* the first failed call since the last check */
+        void *blas_ws;
+
+        /* weights */
+        __half *embed;
+        CuLayer *layers;
+        float *final_norm;
+        CuLinear lm_head;
+        float *inv_freq;
+        float attention_factor;
+
+        /* scratch, for TILE_ROWS rows */
+        float *x, *xn, *q, *att, *hb, *part, *acc, *logits;
+        float2 *ml;
+        __half *xh, *w16;
+        int32_t *ids_d;
+
+        /* the step's metadata: device copy, pinned host copy, fixed offsets */
+        uint32_t *meta_d, *meta_h;
+        size_t dyn_off;
+        CuMeta meta;
+
+        /* results and host sampling */
+        int32_t *ids_h;
+        float *row_h, *sample_f;
+        int32_t *sample_i;
+        Row rows[TILE_ROWS];
+
+        /* paged KV cache: (layer, block, block_tokens, kv_dim), block n_blocks is the pad */
+        __half *kc, *vc;
+        uint32_t block_tokens, n_blocks;
+
+        cudaGraphExec_t graphs[N_BUCKETS];
+};
+
+static int cuda_fail(DsError *err, cudaError_t e, const char *what)
+{
+        return ds_error(err, -EIO, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+}
+
+#define CU_TRY(call, what)                                                                         \
+        do {                                                                                       \
+                cudaError_t _e = (call);                                                           \
+                if (_e != cudaSuccess)                                                             \
+                        return cuda_fail(err, _e, what);                                           \
+        } while (0)
+
+static uint32_t div_up(uint32_t a, uint32_t b)
+{
+        return (a + b - 1) / b;
+}
+
+static size_t kv_dim(const BkConfig *c)
+{
+        return (size_t) c->n_kv_heads * c->head_dim;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Device memory */
+
+static void dfree(void *p)
+{
+        if (p)
+                cudaFree(p);
+}
+
+static int dalloc(void **p, size_t bytes, const char *what, DsError *err)
+{
+        cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+        if (e != cudaSuccess) {
+                *p = NULL;
+                return ds_error(err, -ENOMEM, "cuda backend: %zu bytes for %s: %s", bytes, what,
+                        cudaGetErrorString(e));
+        }
+        return 0;
+}
+
+#define DALLOC(ptr, bytes, what)                                                                   \
+        do {                                                                                       \
+                int _r = dalloc((void **) &(ptr), (bytes), (what), err);                           \
+                if (_r < 0)                                                                        \
+                        return _r;                                                                 \
+        } while (0)
+
+static void linear_free(CuLinear *l)
+{
+        dfree(l->qw);
+        dfree(l->sz);
+        dfree(l->w);
+        dfree(l->bias);
+        *l = (CuLinear){};
+}
+
+static void graphs_free(Backend *b)
+{
+        for (int i = 0; i < N_BUCKETS; i++)
+                if (b->graphs[i]) {
+                        cudaGraphExecDestroy(b->graphs[i]);
+                        b->graphs[i] = NULL;
+                }
+}
+
+static void kv_free(Backend *b)
+{
+        graphs_free(b); /* they point into the cache */
+        dfree(b->kc);
+        dfree(b->vc);
+        b->kc = b->vc = NULL;
+        b->n_blocks = 0;
+}
+
+static void weights_free(Backend *b)
+{
+        graphs_free(b);
+        if (b->layers)
+                for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
+                        CuLayer *L = &b->layers[l];
+                        dfree(L->attn_norm);
+                        dfree(L->mlp_norm);
+                        linear_free(&L->qkv);
+                        linear_free(&L->o);
+                        linear_free(&L->gate_up);
+                        linear_free(&L->down);
+                }
+        free(b->layers);
+        b->layers = NULL;
+        linear_free(&b->lm_head);
+        dfree(b->embed);
+        dfree(b->final_norm);
+        dfree(b->inv_freq);
+        void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
+                b->xh, b->w16, b->ids_d, b->meta_d};
+        for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
+                dfree(scratch[i]);
+        cudaFreeHost(b->meta_h);
+        cudaFreeHost(b->ids_h);
+        free(b->row_h);
+        free(b->sample_f);
+        free(b->sample_i);
+        b->embed = NULL;
+        b->final_norm = b->inv_freq = NULL;
+        b->x = b->xn = b->q = b->att = b->hb = b->part = b->acc = b->logits = NULL;
+        b->ml = NULL;
+        b->xh = b->w16 = NULL;
+        b->ids_d = NULL;
+        b->meta_d = b->meta_h = NULL;
+        b->ids_h = NULL;
+        b->row_h = b->sample_f = NULL;
+        b->sample_i = NULL;
+        b->model = NULL;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Uploading the weights */
+
+/* A float32 copy of n elements of t, on the device. */
+static int upload_f32(const BkTensor *t, size_t n, float **ret, const char *what, DsError *err)
+{
+        float *h = (float *) malloc(n * sizeof(float));
+        if (!h)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory for %s", what);
+        for (size_t i = 0; i < n; i++)
+                h[i] = cpu_tensor_get(*t, i);
+        int r = dalloc((void **) ret, n * sizeof(float), what, err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpy(*ret, h, n * sizeof(float), cudaMemcpyHostToDevice);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, what);
+        }
+        free(h);
+        return r;
+}
+
+/* rows x cols of t as FP16 into dst (device) with row stride ld, zero beyond cols. */
+static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32_t ld, __half *dst,
+        const char *what, DsError *err)
+{
+        if (t->dtype == BK_DT_F16 && ld == cols) {
+                CU_TRY(cudaMemcpy(dst, t->data, rows * cols * 2, cudaMemcpyHostToDevice), what);
+                return 0;
+        }
+        /* Other dtypes and padded rows: convert through a host buffer of a few MB. */
+        size_t chunk = MAX((size_t) 1, ((size_t) 4 << 20) / ld);
+        uint16_t *h = (uint16_t *) calloc(chunk * ld, 2);
+        if (!h)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory for %s", what);
+        for (size_t r0 = 0; r0 < rows; r0 += chunk) {
+                size_t n = MIN(chunk, rows - r0);
+                for (size_t r = 0; r < n; r++)
+                        for (uint32_t c = 0; c < cols; c++) {
+                                __half v = __float2half(cpu_tensor_get(*t, (r0 + r) * cols + c));
+                                memcpy(&h[r * ld + c], &v, 2);
+                        }
+                cudaError_t e = cudaMemcpy(dst + r0 * ld, h, n * ld * 2, cudaMemcpyHostToDevice);
+                if (e != cudaSuccess) {
+                        free(h);
+                        return cuda_fail(err, e, what);
+                }
+        }
+        free(h);
+        return 0;
+}
+
+static uint32_t gemv_splits(const Backend *b, uint32_t n, uint32_t chunks)
+{
+        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice. */
+        uint32_t warps = div_up(n, 4), target = (uint32_t) b->n_sm * 32;
+        uint32_t s = div_up(target, warps);
+        uint32_t s_max = MAX(1u, chunks / 32);
+        return MIN(MIN(s, s_max), 16u);
+}
+
+/* Uploads parts[0..n_parts) (same input, outputs concatenated) as one device linear. */
+static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_parts,
+        bool split, CuLinear *l, const char *what, DsError *err)
+{
+        const BkLinear *p0 = parts[0];
+        uint32_t N = 0;
+        bool any_bias = false;
+        int r = 0;
+
+        for (uint32_t i = 0; i < n_parts; i++) {
+                if (parts[i]->kind != p0->kind || parts[i]->in != p0->in ||
+                        (p0->kind == BK_LINEAR_AWQ && parts[i]->group_size != p0->group_size))
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "cuda backend: %s: fused parts of different kinds", what);
+                N += parts[i]->out;
+                any_bias = any_bias || parts[i]->bias.data;
+        }
+        *l = (CuLinear){};
+        l->awq = p0->kind == BK_LINEAR_AWQ;
+        l->in = p0->in;
+        l->out = N;
+
+        if (l->awq) {
+                if (p0->in % 32 != 0 || p0->group_size % 32 != 0)
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "cuda backend: %s: AWQ needs in and group size multiples of 32",
+                                what);
+                l->group_size = p0->group_size;
+                l->splits = split ? gemv_splits(b, N, l->in / 32) : 1;
+                uint32_t groups = l->in / l->group_size;
+                DALLOC(l->qw, (size_t) N * l->in / 2, what);
+                DALLOC(l->sz, (size_t) groups * N * sizeof(__half2), what);
+                uint32_t n_off = 0;
+                for (uint32_t i = 0; i < n_parts && r == 0; i++) {
+                        const BkLinear *p = parts[i];
+                        size_t qb = (size_t) p->in * p->out / 2, zb = (size_t) groups * p->out / 2;
+                        size_t sb = (size_t) groups * p->out * 2;
+                        uint8_t *stage = NULL;
+                        r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
+                        if (r < 0)
+                                break;
+                        cudaError_t e = cudaMemcpy(stage, p->qweight, qb, cudaMemcpyHostToDevice);
+                        if (e == cudaSuccess)
+                                e = cudaMemcpy(stage + qb, p->qzeros, zb, cudaMemcpyHostToDevice);
+                        if (e == cudaSuccess)
+                                e = cudaMemcpy(stage + qb + zb, p->scales, sb,
+                                        cudaMemcpyHostToDevice);
+                        if (e == cudaSuccess) {
+                                cu_awq_repack(b->st, l, (const uint32_t *) stage,
+                                        (const uint32_t *) (stage + qb),
+                                        (const __half *) (stage + qb + zb), p->out, n_off);
+                                e = cudaStreamSynchronize(b->st);
+                        }
+                        if (e != cudaSuccess)
+                                r = cuda_fail(err, e, what);
+                        cudaFree(stage);
+                        n_off += p->out;
+                }
+        } else {
+                l->kp = (p0->in + 7) / 8 * 8;
+                l->splits = split ? gemv_splits(b, N, l->kp / 8) : 1;
+                DALLOC(l->w, (size_t) N * l->kp * 2, what);
+                if (l->kp != l->in)
+                        CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
+                uint32_t n_off = 0;
+                for (uint32_t i = 0; i < n_parts && r == 0; i++) {
+                        r = upload_f16_rows(&parts[i]->w, parts[i]->out, l->in, l->kp,
+                                l->w + (size_t) n_off * l->kp, what, err);
+                        n_off += parts[i]->out;
+                }
+        }
+        if (r < 0 || !any_bias)
+                return r;
+
+        float *bias = (float *) calloc(N, sizeof(float));
+        if (!bias)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory for %s", what);
+        uint32_t n_off = 0;
+        for (uint32_t i = 0; i < n_parts; i++) {
+                if (parts[i]->bias.data)
+                        for (uint32_t o = 0; o < parts[i]->out; o++)
+                                bias[n_off + o] = cpu_tensor_get(parts[i]->bias, o);
+                n_off += parts[i]->out;
+        }
+        r = dalloc((void **) &l->bias, N * sizeof(float), what, err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpy(l->bias, bias, N * sizeof(float), cudaMemcpyHostToDevice);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, what);
+        }
+        free(bias);
+        return r;
+}
+
+static int model_check(const BkModel *m, DsError *err)
+{
+        const BkConfig *c = &m->cfg;
+        uint32_t q_dim = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+        char what[64];
+        int r;
+
+        if ((unsigned) c->arch >= _BK_ARCH_MAX)
+                return ds_error(err, -DS_ERR_UNSUPPORTED, "architecture %d", (int) c->arch);
+        if (c->hidden == 0 || c->intermediate == 0 || c->n_layers == 0 || c->n_heads == 0 ||
+                c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads != 0 || c->head_dim == 0 ||
+                c->head_dim % 2 != 0 || c->vocab_size == 0 || c->vocab_sample == 0 ||
+                c->vocab_sample > c->vocab_size || c->max_positions == 0 || !m->layers ||
+                !m->embed.data || !m->final_norm.data)
+                return ds_error(err, -DS_ERR_FORMAT, "inconsistent model dimensions");
+        if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->hidden > 8192)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "%u query heads per KV head or hidden %u: more than the kernels hold",
+                        c->n_heads / c->n_kv_heads, c->hidden);
+        r = cpu_linear_check(&m->lm_head, c->hidden, c->vocab_size, "lm_head", err);
+        if (r < 0)
+                return r;
+        if (m->lm_head.bias.data)
+                return ds_error(err, -DS_ERR_UNSUPPORTED, "lm_head with a bias");
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const BkLayer *L = &m->layers[l];
+                const struct {
+                        const BkLinear *lin;
+                        const char *name;
+                        uint32_t in, out;
+                } lins[] = {
+                        {&L->q, "q_proj", c->hidden, q_dim},
+                        {&L->k, "k_proj", c->hidden, kvd},
+                        {&L->v, "v_proj", c->hidden, kvd},
+                        {&L->o, "o_proj", q_dim, c->hidden},
+                        {&L->gate, "gate_proj", c->hidden, c->intermediate},
+                        {&L->up, "up_proj", c->hidden, c->intermediate},
+                        {&L->down, "down_proj", c->intermediate, c->hidden},
+                };
+                for (size_t i = 0; i < ELEMENTSOF(lins); i++) {
+                        snprintf(what, sizeof(what), "layer %u %s", l, lins[i].name);
+                        r = cpu_linear_check(lins[i].lin, lins[i].in, lins[i].out, what, err);
+                        if (r < 0)
+                                return r;
+                }
+                if (!L->attn_norm.data || !L->mlp_norm.data)
+                        return ds_error(err, -DS_ERR_FORMAT, "layer %u: norm missing", l);
+        }
+        return 0;
+}
+
+static int scratch_alloc(Backend *b, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+        size_t R = TILE_ROWS, q_dim = (size_t) c->n_heads * c->head_dim;
+        size_t n_max = MAX((size_t) 2 * c->intermediate, q_dim + 2 * kv_dim(c));
+        size_t k_max = MAX((size_t) MAX(c->hidden, c->intermediate), q_dim);
+        size_t w16 = 0, part = R * n_max;
+
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o,
+                        &b->layers[l].gate_up, &b->layers[l].down};
+                for (size_t i = 0; i < ELEMENTSOF(all); i++) {
+                        if (all[i]->awq)
+                                w16 = MAX(w16, (size_t) all[i]->out * all[i]->in);
+                        part = MAX(part, (size_t) GEMV_MAX_ROWS * all[i]->splits * all[i]->out);
+                }
+        }
+        if (b->lm_head.awq)
+                w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
+
+        DALLOC(b->x, R * c->hidden * 4, "residual");
+        DALLOC(b->xn, R * k_max * 4, "normed rows");
+        DALLOC(b->q, R * q_dim * 4, "queries");
+        DALLOC(b->att, R * q_dim * 4, "attention output");
+        DALLOC(b->hb, R * c->intermediate * 4, "mlp activations");
+        DALLOC(b->part, part * 4, "partial sums");
+        DALLOC(b->acc, (size_t) TILE_ITEMS * q_dim * 4, "attention partials");
+        DALLOC(b->ml, (size_t) TILE_ITEMS * c->n_heads * sizeof(float2), "attention maxima");
+        DALLOC(b->logits, (size_t) TILE_OUT * c->vocab_size * 4, "logits");
+        DALLOC(b->xh, R * k_max * 2, "fp16 rows");
+        DALLOC(b->w16, w16 * 2, "dequantized weights");
+        DALLOC(b->ids_d, TILE_OUT * 4, "ids");
+
+        /* meta: header, seven arrays of rows, then items and block tables */
+        b->dyn_off = (4 + 7 * R + 3) / 4 * 4;
+        size_t words = b->dyn_off + 4 * (size_t) TILE_ITEMS + TILE_BT;
+        DALLOC(b->meta_d, words * 4, "step metadata");
+        CU_TRY(cudaMallocHost((void **) &b->meta_h, words * 4), "pinned step metadata");
+        CU_TRY(cudaMallocHost((void **) &b->ids_h, TILE_OUT * 4), "pinned ids");
+        const uint32_t *m = b->meta_d;
+        b->meta = (CuMeta){
+                .base = m,
+                .tokens = (const int32_t *) (m + 4),
+                .pos = m + 4 + R,
+                .slot = m + 4 + 2 * R,
+                .row_bt = m + 4 + 3 * R,
+                .row_items = (const uint2 *) (m + 4 + 4 * R),
+                .out_row = m + 4 + 6 * R,
+        };
+        b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
+        b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
+        b->sample_i = (int32_t *) malloc((size_t) c->vocab_size * 4);
+        if (!b->row_h || !b->sample_f || !b->sample_i)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory for sampling");
+        return 0;
+}
+
+static int weights_upload(Backend *b, const BkModel *m, DsError *err)
+{
+        const BkConfig *c = &m->cfg;
+        char what[64];
+        int r;
+
+        DALLOC(b->embed, (size_t) c->vocab_size * c->hidden * 2, "embedding");
+        r = upload_f16_rows(&m->embed, c->vocab_size, c->hidden, c->hidden, b->embed, "embedding",
+                err);
+        if (r < 0)
+                return r;
+        r = upload_f32(&m->final_norm, c->hidden, &b->final_norm, "final norm", err);
+        if (r < 0)
+                return r;
+        const BkLinear *head[] = {&m->lm_head};
+        r = upload_linear(b, head, 1, false, &b->lm_head, "lm_head", err);
+        if (r < 0)
+                return r;
+
+        b->layers = (CuLayer *) calloc(c->n_layers, sizeof(CuLayer));
+        if (!b->layers)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory");
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const BkLayer *L = &m->layers[l];
+                CuLayer *D = &b->layers[l];
+                const BkLinear *qkv[] = {&L->q, &L->k, &L->v}, *o[] = {&L->o};
+                const BkLinear *gu[] = {&L->gate, &L->up}, *down[] = {&L->down};
+
+                snprintf(what, sizeof(what), "layer %u", l);
+                if ((r = upload_f32(&L->attn_norm, c->hidden, &D->attn_norm, what, err)) < 0 ||
+                        (r = upload_f32(&L->mlp_norm, c->hidden, &D->mlp_norm, what, err)) < 0 ||
+                        (r = upload_linear(b, qkv, 3, true, &D->qkv, what, err)) < 0 ||
+                        (r = upload_linear(b, o, 1, true, &D->o, what, err)) < 0 ||
+                        (r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0 ||
+                        (r = upload_linear(b, down, 1, true, &D->down, what, err)) < 0)
+                        return r;
+        }
+
+        float *inv_freq = (float *) calloc(c->head_dim / 2, sizeof(float));
+        if (!inv_freq)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory");
+        r = cpu_rope_init(&c->rope, c->head_dim, inv_freq, &b->attention_factor, err);
+        if (r == 0)
+                r = dalloc((void **) &b->inv_freq, c->head_dim / 2 * 4, "rope", err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpy(b->inv_freq, inv_freq, c->head_dim / 2 * 4,
+                        cudaMemcpyHostToDevice);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "rope");
+        }
+        free(inv_freq);
+        return r;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The forward pass */
+
+/* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
+static uint32_t linear(Backend *b, const CuLinear *l, const float *x, uint32_t rows, float *y)
+{
+        if (rows <= GEMV_MAX_ROWS) {
+                size_t slice = (size_t) rows * l->out;
+                for (uint32_t r0 = 0; r0 < rows; r0 += GEMV_ROWS)
+                        cu_gemv(b->st, l, x + (size_t) r0 * l->in, l->in,
+                                MIN((uint32_t) GEMV_ROWS, rows - r0), y + (size_t) r0 * l->out,
+                                slice);
+                return l->splits;
+        }
+        const float one = 1.0f, zero = 0.0f;
+        const __half *w = l->w;
+        uint32_t ldw = l->kp;
+        cu_to_half(b->st, x, b->xh, (size_t) rows * l->in);
+        if (l->awq) {
+                cu_awq_dequant(b->st, l, b->w16);
+                w = b->w16;
+                ldw = l->in;
+        }
+        /* Row-major y (rows, N) = x (rows, K) · W^T (K, N), W being (N, K) row-major: in
+         * cuBLAS's column-major terms y^T = W · x^T. The first failure is kept for the
+         * step to report. */
+        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) l->out, (int) rows, (int) l->in, &one,
+                w, CUDA_R_16F, (int) ldw, b->xh, CUDA_R_16F, (int) l->in, &zero, y, CUDA_R_32F,
+                (int) l->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS && b->blas_status == CUBLAS_STATUS_SUCCESS)
+                b->blas_status = st;
+        return 1;
+}
+
+/* Runs rows rows described by the metadata on the device through the model, leaving the
+ * logits of the n_out rows of meta.out_row in b->logits and their argmax in b->ids_d.
+ * att_grid: blocks along attention items. */
+static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid)
+{
+        const BkConfig *c = &b->cfg;
+        uint32_t H = c->hidden, hd = c->head_dim;
+        size_t layer_kv = (size_t) (b->n_blocks + 1) * b->block_tokens * kv_dim(c);
+        const float *prev = NULL, *prev_bias = NULL;
+        uint32_t prev_s = 0, s;
+
+        /* token embedding */
+        cu_embed(b->st, b->embed, b->meta, rows, H, b->x);
+
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const CuLayer *L = &b->layers[l];
+                __half *kc = b->kc + l * layer_kv, *vc = b->vc + l * layer_kv;
+
+                /* the previous layer's down projection into the residual, attention rmsnorm */
+                cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, L->attn_norm,
+                        b->xn, rows, H, c->rms_eps, NULL, true);
+
+                /* q, k, v projections; rope on q and k, then k and v into the cache */
+                s = linear(b, &L->qkv, b->xn, rows, b->part);
+                cu_rope_kv(b->st, b->part, s, (size_t) rows * L->qkv.out, L->qkv.bias, b->meta,
+                        rows, b->inv_freq, b->attention_factor, c->n_heads, c->n_kv_heads, hd,
+                        b->q, kc, vc);
+
+                /* causal grouped-query attention over the cache */
+                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
+                        c->n_kv_heads, hd, b->acc, b->ml);
+                cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
+
+                /* output projection and residual, ffn rmsnorm */
+                s = linear(b, &L->o, b->att, rows, b->part);
+                cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, L->mlp_norm,
+                        b->xn, rows, H, c->rms_eps, NULL, true);
+
+                /* swiglu: silu(gate) * up */
+                s = linear(b, &L->gate_up, b->xn, rows, b->part);
+                cu_swiglu(b->st, b->part, s, (size_t) rows * L->gate_up.out, L->gate_up.bias, rows,
+                        c->intermediate, b->hb);
+
+                /* down projection; its residual add opens the next layer */
+                prev_s = linear(b, &L->down, b->hb, rows, b->part);
+                prev = b->part;
+                prev_bias = L->down.bias;
+        }
+
+        /* last residual add and final rmsnorm of the rows whose logits are wanted */
+        cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, b->final_norm, b->xn,
+                n_out, H, c->rms_eps, b->meta.out_row, false);
+
+        /* lm_head (one slice: it is wide enough) and greedy ids */
+        linear(b, &b->lm_head, b->xn, n_out, b->logits);
+        cu_argmax(b->st, b->logits, n_out, c->vocab_size, c->vocab_sample, b->ids_d);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Planning a tile: the metadata the kernels read */
+
+typedef struct Plan {
+        uint32_t rows, n_out, n_items, n_bt;
+        int32_t seq_bt_seq; /* the last sequence whose block table is in the tile */
+        uint32_t seq_bt_at; /* ... at this offset from meta */
+} Plan;
+
+static Plan plan_new(void)
+{
+        Plan p;
+        memset(&p, 0, sizeof(p));
+        p.seq_bt_seq = -1;
+        return p;
+}
+
+static uint32_t *meta_arr(Backend *b, uint32_t which)
+{
+        return b->meta_h + 4 + (size_t) which * TILE_ROWS;
+}
+
+static uint32_t seq_blocks(const Backend *b, const BkSeq *s)
+{
+        return div_up(s->pos + s->n_tokens, b->block_tokens);
+}
+
+/* True when row (seq i, position pos) fits in the tile as planned so far. */
+static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32_t i, uint32_t pos,
+        bool logits)
+{
+        uint32_t items = div_up(pos + 1, ATT_CHUNK);
+        uint32_t bt = p->seq_bt_seq == (int32_t) i ? 0 : seq_blocks(b, &seqs[i]);
+        return p->rows < TILE_ROWS && p->n_items + items <= TILE_ITEMS &&
+               p->n_bt + bt <= TILE_BT && (!logits || p->n_out < TILE_OUT);
+}
+
+static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_t pos, int32_t token,
+        bool logits)
+{
+        const BkSeq *s = &seqs[i];
+        uint32_t r = p->rows++;
+        uint32_t *dyn = b->meta_h + b->dyn_off;
+
+        if (p->seq_bt_seq != (int32_t) i) {
+                /* Block tables are gathered past the largest item area and moved next to
+                 * the items by plan_finish, once their number is known. */
+                uint32_t n = seq_blocks(b, s);
+                p->seq_bt_at = p->n_bt;
+                memcpy(dyn + 4 * (size_t) TILE_ITEMS + p->n_bt, s->blocks, n * 4);
+                p->n_bt += n;
+                p->seq_bt_seq = (int32_t) i;
+        }
+        ((int32_t *) meta_arr(b, 0))[r] = token;
+        meta_arr(b, 1)[r] = pos;
+        meta_arr(b, 2)[r] = s->blocks[pos / b->block_tokens] * b->block_tokens + pos % b->block_tokens;
+        meta_arr(b, 3)[r] = p->seq_bt_at; /* relative for now, see plan_finish */
+        uint32_t items = div_up(pos + 1, ATT_CHUNK);
+        meta_arr(b, 4)[2 * r] = p->n_items;
+        meta_arr(b, 4)[2 * r + 1] = items;
+        for (uint32_t k = 0; k < items; k++) {
+                uint32_t *it = dyn + 4 * (size_t) (p->n_items + k);
+                it[0] = r;
+                it[1] = k * ATT_CHUNK;
+                it[2] = MIN((k + 1) * ATT_CHUNK, pos + 1);
+                it[3] = 0;
+        }
+        p->n_items += items;
+        if (logits)
+                meta_arr(b, 6)[p->n_out++] = r;
+        b->rows[r] = (Row){.seq = i, .pos = pos, .logits = logits};
+}
+
+/* Packs the block tables right after the items and uploads the metadata. */
+static int plan_finish(Backend *b, const Plan *p, DsError *err)
+{
+        uint32_t *dyn = b->meta_h + b->dyn_off;
+        uint32_t bt_at = (uint32_t) b->dyn_off + 4 * p->n_items;
+
+        memmove(b->meta_h + bt_at, dyn + 4 * (size_t) TILE_ITEMS, (size_t) p->n_bt * 4);
+        for (uint32_t r = 0; r < p->rows; r++)
+                meta_arr(b, 3)[r] += bt_at;
+        b->meta_h[0] = p->n_items;
+        b->meta_h[1] = (uint32_t) b->dyn_off;
+        CU_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h, ((size_t) bt_at + p->n_bt) * 4,
+                       cudaMemcpyHostToDevice, b->st),
+                "step metadata");
+        return 0;
+}
+
+static bool needs_host_sampling(const BkSeq *s)
+{
+        const BkSampling *p = &s->sampling;
+        bool penalties = s->n_history > 0 &&
+                         ((p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) ||
+                                 p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+        return p->temperature > 0.0f || penalties;
+}
+
+/* Copies ids and wanted logits back after a tile of p->rows rows, and samples. */
+static int tile_outputs(Backend *b, const Plan *p, const BkSeq *seqs, int32_t *ret_ids, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+        uint32_t j = 0;
+
+        CU_TRY(cudaMemcpyAsync(b->ids_h, b->ids_d, (size_t) p->n_out * 4, cudaMemcpyDeviceToHost,
+                       b->st),
+                "ids");
+        CU_TRY(cudaStreamSynchronize(b->st), "step");
+        for (uint32_t r = 0; r < p->rows; r++) {
+                const Row *row = &b->rows[r];
+                const BkSeq *s = &seqs[row->seq];
+                if (!row->logits)
+                        continue;
+                const float *lg = b->logits + (size_t) j * c->vocab_size;
+                bool last = row->pos == s->pos + s->n_tokens - 1;
+                if (s->logits)
+                        CU_TRY(cudaMemcpy(s->logits + (size_t) (row->pos - s->pos) * c->vocab_size,
+                                       lg, (size_t) c->vocab_size * 4, cudaMemcpyDeviceToHost),
+                                "logits");
+                if (s->sample && last) {
+                        if (!needs_host_sampling(s))
+                                ret_ids[row->seq] = b->ids_h[j];
+                        else {
+                                CU_TRY(cudaMemcpy(b->row_h, lg, (size_t) c->vocab_size * 4,
+                                               cudaMemcpyDeviceToHost),
+                                        "logits");
+                                ret_ids[row->seq] = bk_sample(b->row_h, c->vocab_sample,
+                                        &s->sampling, s->history, s->n_history, s->draw,
+                                        b->sample_f, b->sample_i);
+                        }
+                }
+                j++;
+        }
+        return 0;
+}
+
+static int blas_check(Backend *b, DsError *err)
+{
+        cublasStatus_t st = b->blas_status;
+        b->blas_status = CUBLAS_STATUS_SUCCESS;
+        if (st != CUBLAS_STATUS_SUCCESS)
+                return ds_error(err, -EIO, "cuda backend: cuBLAS: %s", cublasGetStatusString(st));
+        return 0;
+}
+
+static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, DsError *err)
+{
+        /* A tile without logits rows still fills the cache: it computes one logits row
+         * that nobody reads. */
+        if (p->n_out == 0)
+                meta_arr(b, 6)[0] = 0;
+        int r = plan_finish(b, p, err);
+        if (r < 0)
+                return r;
+        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items);
+        CU_TRY(cudaGetLastError(), "kernel launch");
+        r = blas_check(b, err);
+        if (r < 0)
+                return r;
+        return tile_outputs(b, p, seqs, ret_ids, err);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Decode steps from graphs */
+
+static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
+{
+        if (b->eager || n == 0 || n > GRAPH_MAX)
+                return false;
+        uint32_t items = 0, bt = 0;
+        for (uint32_t i = 0; i < n; i++) {
+                if (seqs[i].n_tokens != 1 || !seqs[i].sample || seqs[i].logits)
+                        return false;
+                items += div_up(seqs[i].pos + 1, ATT_CHUNK);
+                bt += seq_blocks(b, &seqs[i]);
+        }
+        uint32_t bucket = 1;
+        while (bucket < n)
+                bucket *= 2;
+        return items + (bucket - n) <= TILE_ITEMS && bt + 1 <= TILE_BT;
+}
+
+static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
+{
+        uint32_t bucket = 1, which = 0;
+        while (bucket < n) {
+                bucket *= 2;
+                which++;
+        }
+        Plan p = plan_new();
+        for (uint32_t i = 0; i < n; i++)
+                plan_row(b, &p, seqs, i, seqs[i].pos, seqs[i].tokens[0], true);
+
+        /* Padding rows: token 0 at position 0 of the spare block, with their own item. */
+        if (bucket > n) {
+                uint32_t *dyn = b->meta_h + b->dyn_off;
+                uint32_t pad_bt = p.n_bt;
+                dyn[4 * (size_t) TILE_ITEMS + p.n_bt++] = b->n_blocks;
+                for (uint32_t r = n; r < bucket; r++) {
+                        meta_arr(b, 0)[r] = 0;
+                        meta_arr(b, 1)[r] = 0;
+                        meta_arr(b, 2)[r] = b->n_blocks * b->block_tokens;
+                        meta_arr(b, 3)[r] = pad_bt;
+                        meta_arr(b, 4)[2 * r] = p.n_items;
+                        meta_arr(b, 4)[2 * r + 1] = 1;
+                        uint32_t *it = dyn + 4 * (size_t) p.n_items++;
+                        it[0] = r;
+                        it[1] = 0;
+                        it[2] = 1;
+                        it[3] = 0;
+                        meta_arr(b, 6)[p.n_out++] = r;
+                }
+                p.rows = bucket;
+        }
+        int r = plan_finish(b, &p, err);
+        if (r < 0)
+                return r;
+
+        if (!b->graphs[which]) {
+                cudaGraph_t g;
+                CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal),
+                        "graph capture");
+                /* Blocks along items: the kernel loops, so any count gives the same result. */
+                forward(b, bucket, bucket, (uint32_t) b->n_sm * 2);
+                CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
+                r = blas_check(b, err);
+                if (r < 0) {
+                        cudaGraphDestroy(g);
+                        return r;
+                }
+                cudaError_t e = cudaGraphInstantiate(&b->graphs[which], g, 0);
+                cudaGraphDestroy(g);
+                if (e != cudaSuccess) {
+                        b->graphs[which] = NULL;
+                        return cuda_fail(err, e, "graph instantiation");
+                }
+        }
+        CU_TRY(cudaGraphLaunch(b->graphs[which], b->st), "graph launch");
+        p.rows = n; /* hand out the live rows only */
+        p.n_out = n;
+        return tile_outputs(b, &p, seqs, ret_ids, err);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * BackendOps */
+
+static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
+{
+        Backend *b;
+        int dev = 0;
+
+        if (!ret)
+                return ds_error(err, -EINVAL, "cuda backend: no return pointer");
+        b = (Backend *) calloc(1, sizeof(*b));
+        if (!b)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory");
+        b->eager = opt && opt->device && !strcmp(opt->device, "eager");
+
+        cudaError_t e = cudaSetDevice(dev);
+        if (e == cudaSuccess)
+                e = cudaDeviceGetAttribute(&b->n_sm, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+                e = cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&b->blas_ws, BLAS_WS);
+        if (e != cudaSuccess) {
+                free(b);
+                return cuda_fail(err, e, "device setup");
+        }
+        /* A fixed workspace makes cuBLAS calls capturable in graphs. */
+        if (cublasCreate(&b->blas) != CUBLAS_STATUS_SUCCESS ||
+                cublasSetStream(b->blas, b->st) != CUBLAS_STATUS_SUCCESS ||
+                cublasSetWorkspace(b->blas, b->blas_ws, BLAS_WS) != CUBLAS_STATUS_SUCCESS) {
+                cudaFree(b->blas_ws);
+                cudaStreamDestroy(b->st);
+                free(b);
+                return ds_error(err, -EIO, "cuda backend: cuBLAS setup failed");
+        }
+        *ret = b;
+        return 0;
+}
+
+static int cuda_load(Backend *b, const BkModel *model, DsError *err)
+{
+        int r;
+
+        if (!b || !model)
+                return ds_error(err, -EINVAL, "cuda backend: no backend or model");
+        r = model_check(model, err);
+        if (r < 0)
+                return ds_error_prefix(err, "cuda backend");
+
+        kv_free(b);
+        weights_free(b);
+        b->cfg = model->cfg;
+        r = weights_upload(b, model, err);
+        if (r == 0)
+                r = scratch_alloc(b, err);
+        if (r < 0) {
+                weights_free(b);
+                return r;
+        }
+        b->model = model;
+        return 0;
+}
+
+static uint64_t cuda_kv_bytes_per_token(const Backend *b)
+{
+        if (!b || !b->model)
+                return 0;
+        return (uint64_t) b->cfg.n_layers * 2 * kv_dim(&b->cfg) * sizeof(__half);
+}
+
+static int64_t cuda_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_bytes, DsError *err)
+{
+        if (!b || !b->model)
+                return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
+        if (block_tokens == 0)
+                return ds_error(err, -EINVAL, "cuda backend: KV blocks of 0 tokens");
+        kv_free(b);
+
+        uint64_t block_bytes = cuda_kv_bytes_per_token(b) * block_tokens;
+        /* One block more than handed out: the padding rows of graph replays write there. */
+        uint64_t n_blocks = MIN(mem_bytes / block_bytes, (uint64_t) UINT32_MAX - 1);
+        if (n_blocks == 0)
+                return ds_error(err, -ENOMEM,
+                        "cuda backend: %llu bytes hold no KV block of %u tokens (%llu bytes)",
+                        (unsigned long long) mem_bytes, block_tokens,
+                        (unsigned long long) block_bytes);
+        size_t half_bytes = (size_t) (n_blocks + 1) * block_bytes / 2;
+        int r = dalloc((void **) &b->kc, half_bytes, "K cache", err);
+        if (r == 0)
+                r = dalloc((void **) &b->vc, half_bytes, "V cache", err);
+        if (r < 0) {
+                kv_free(b);
+                return r;
+        }
+        b->block_tokens = block_tokens;
+        b->n_blocks = (uint32_t) n_blocks;
+        return (int64_t) n_blocks;
+}
+
+static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+        uint64_t end = (uint64_t) seq->pos + seq->n_tokens;
+
+        if (seq->n_tokens == 0 || !seq->tokens)
+                return ds_error(err, -EINVAL, "cuda backend: sequence %u has no tokens", i);
+        if (end > c->max_positions)
+                return ds_error(err, -DS_ERR_CONTEXT_FULL,
+                        "cuda backend: sequence %u reaches position %llu, past the limit %u", i,
+                        (unsigned long long) end, c->max_positions);
+        for (uint32_t t = 0; t < seq->n_tokens; t++)
+                if (seq->tokens[t] < 0 || (uint32_t) seq->tokens[t] >= c->vocab_size)
+                        return ds_error(err, -EINVAL,
+                                "cuda backend: sequence %u: token %d out of range", i,
+                                seq->tokens[t]);
+        uint64_t need = (end + b->block_tokens - 1) / b->block_tokens;
+        if (!seq->blocks || seq->n_blocks < need)
+                return ds_error(err, -EINVAL,
+                        "cuda backend: sequence %u: %u KV blocks cover less than %llu positions",
+                        i, seq->n_blocks, (unsigned long long) end);
+        if (need > TILE_BT || div_up((uint32_t) end, ATT_CHUNK) > TILE_ITEMS)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "cuda backend: sequence %u: context of %llu positions is too long", i,
+                        (unsigned long long) end);
+        for (uint64_t k = 0; k < need; k++)
+                if (seq->blocks[k] >= b->n_blocks)
+                        return ds_error(err, -EINVAL,
+                                "cuda backend: sequence %u: KV block id %u, the cache has %u", i,
+                                seq->blocks[k], b->n_blocks);
+        if (seq->sample && !seq->history && seq->n_history > 0)
+                return ds_error(err, -EINVAL, "cuda backend: sequence %u: history missing", i);
+        return 0;
+}
+
+static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
+        DsError *err)
+{
+        int r;
+
+        if (!b || !b->model)
+                return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
+        if (!b->kc)
+                return ds_error(err, -EINVAL, "cuda backend: KV cache not initialised");
+        if (n_seqs > 0 && (!seqs || !ret_ids))
+                return ds_error(err, -EINVAL, "cuda backend: no sequences or no result array");
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                r = seq_check(b, &seqs[i], i, err);
+                if (r < 0)
+                        return r;
+                ret_ids[i] = -1;
+        }
+        if (graph_step(b, seqs, n_seqs))
+                return run_graph(b, seqs, n_seqs, ret_ids, err);
+
+        /* Deal the step's tokens into tiles, in sequence order, and run each. */
+        Plan p = plan_new();
+        for (uint32_t i = 0; i < n_seqs; i++)
+                for (uint32_t t = 0; t < seqs[i].n_tokens; t++) {
+                        bool last = t == seqs[i].n_tokens - 1;
+                        bool logits = seqs[i].logits || (seqs[i].sample && last);
+                        uint32_t pos = seqs[i].pos + t;
+                        if (!plan_fits(b, &p, seqs, i, pos, logits)) {
+                                r = run_tile(b, &p, seqs, ret_ids, err);
+                                if (r < 0)
+                                        return r;
+                                p = plan_new();
+                        }
+                        plan_row(b, &p, seqs, i, pos, seqs[i].tokens[t], logits);
+                }
+        if (p.rows > 0)
+                return run_tile(b, &p, seqs, ret_ids, err);
+        return 0;
+}
+
+static void cuda_free(Backend *b)
+{
+        if (!b)
+                return;
+        kv_free(b);
+        weights_free(b);
+        cublasDestroy(b->blas);
+        cudaFree(b->blas_ws);
+        cudaStreamDestroy(b->st);
+        free(b);
+}
+
+extern "C" const BackendOps backend_cuda_ops = {
+        .name = "cuda",
+        .create = cuda_create,
+        .load = cuda_load,
+        .kv_init = cuda_kv_init,
+        .kv_bytes_per_token = cuda_kv_bytes_per_token,
+        .step = cuda_step,
+        .free = cuda_free,
+};
+
+extern "C" bool cuda_device_present(void)
+{
+        int n = 0;
+        return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,
+        DsError *err)
+{
+        Backend *b = NULL;
+        CuLinear d = {};
+        float *xd = NULL, *yd = NULL;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        const BkLinear *parts[] = {l};
+        r = upload_linear(b, parts, 1, true, &d, "test linear", err);
+        size_t K = l->in, N = l->out;
+        size_t slices = rows <= GEMV_MAX_ROWS ? d.splits : 1;
+        if (r == 0)
+                r = dalloc((void **) &xd, rows * K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, slices * rows * N * 4, "y", err);
+        if (r == 0)
+                r = dalloc((void **) &b->xh, rows * K * 2, "x16", err);
+        if (r == 0 && d.awq)
+                r = dalloc((void **) &b->w16, N * K * 2, "w16", err);
+        float *yh = (float *) calloc(slices * rows * N, sizeof(float));
+        if (r == 0 && !yh)
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                cudaError_t e = cudaMemcpy(xd, x, rows * K * 4, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess) {
+                        uint32_t s = linear(b, &d, xd, rows, yd);
+                        e = cudaGetLastError();
+                        if (e == cudaSuccess)
+                                e = cudaMemcpy(yh, yd, (size_t) s * rows * N * 4,
+                                        cudaMemcpyDeviceToHost);
+                        if (e == cudaSuccess)
+                                for (size_t i = 0; i < rows * N; i++) {
+                                        float v = 0.0f;
+                                        for (uint32_t k = 0; k < s; k++)
+                                                v += yh[k * rows * N + i];
+                                        y[i] = v + (l->bias.data ? cpu_tensor_get(l->bias, i % N)
+                                                                 : 0.0f);
+                                }
+                }
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test linear");
+        }
+        free(yh);
+        dfree(xd);
+        dfree(yd);
+        linear_free(&d);
+        cuda_free(b);
+        return r;
+}

@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend's C entry points (defined in cuda_backend.cu). */
+#pragma once
+
+#include <stdbool.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* BkOptions.device: NULL or "" for the default; "eager" runs every step without CUDA
+ * graphs (the tests compare the two). */
+extern const BackendOps backend_cuda_ops;
+
+/* True when the CUDA runtime sees at least one device. */
+bool cuda_device_present(void);
+
+/* Test hook: y (rows, l->out) = x (rows, l->in) · W + bias through the path a step of
+ * rows rows takes (the GEMV up to 16 rows, dequantize + cuBLAS above), on a fresh device
+ * copy of l. */
+int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, DsError *err);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/* The CUDA backend's kernels and their launchers, shared by cuda_kernels.cu (which defines
+ * them) and cuda_backend.cu (which drives them). C++ linkage: nothing here crosses into C.
+ *
+ * Activations are float32 between kernels (the residual stream, a linear's input and its
+ * partial sums); weights are INT4 (AWQ, repacked at load) or FP16; the KV cache is FP16.
+ * A linear writes float32 partial sums [splits][rows][out] and the kernel that consumes its
+ * output adds the slices in a fixed order plus the bias, so no reduction kernel and no
+ * atomics: results do not depend on scheduling. */
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Rows one GEMV launch takes; more rows go through in passes of this many. */
+#define GEMV_ROWS 8
+/* Positions one attention work item covers, one per thread of its block. */
+#define ATT_CHUNK 128
+/* Most query heads sharing one KV head that the attention kernel holds in registers. */
+#define ATT_GROUP_MAX 16
+
+/* A linear layer resident on the device. */
+typedef struct CuLinear {
+        bool awq;
+        uint32_t in, out;    /* K, N */
+        uint32_t kp;         /* dense: row stride of w, in padded to a multiple of 8 */
+        uint32_t group_size; /* awq */
+        uint32_t splits;     /* K slices of the GEMV, fixed per shape */
+        uint4 *qw;           /* awq: (N/4, K/32, 4) 16-byte units, see k_awq_repack */
+        __half2 *sz;         /* awq: (K/group_size, N) (scale, zero) */
+        __half *w;           /* dense: (N, kp), zero beyond in */
+        float *bias;         /* (N) or NULL */
+} CuLinear;
+
+/* Where one step's metadata lives in the device buffer the host fills before each step
+ * (the same buffer for eager runs and graph replays). meta[0] is the number of attention
+ * work items and meta[1] their offset in uint32s from meta; the arrays below hold rows. */
+typedef struct CuMeta {
+        const uint32_t *base;
+        const int32_t *tokens;   /* (rows) */
+        const uint32_t *pos;     /* (rows) */
+        const uint32_t *slot;    /* (rows) KV slot: block * block_tokens + pos % block_tokens */
+        const uint32_t *row_bt;  /* (rows) offset from base of the row's block table */
+        const uint2 *row_items;  /* (rows) first attention item, count */
+        const uint32_t *out_row; /* (rows) the rows whose logits are computed, in order */
+} CuMeta;
+
+/* x[m] = embed[token[m]] widened to float32. */
+void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, uint32_t hidden,
+        float *x);
+
+/* For j < rows, r = out_row ? out_row[j] : j: v = x[r] + sum of part's slices + bias;
+ * x[r] = v when write_res; xn[j] = rmsnorm(v) * w. part may be NULL (v = x[r]). */
+void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
+        size_t slice_stride, const float *bias, const float *w, float *xn, uint32_t rows,
+        uint32_t hidden, float eps, const uint32_t *out_row, bool write_res);
+
+/* Sums the fused q|k|v partials plus bias, rotates q and k (rotate-half), writes q to
+ * q_out (rows, n_heads*head_dim) and k, v as FP16 into the layer's cache at each row's
+ * slot. */
+void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+        const float *bias, CuMeta meta, uint32_t rows, const float *inv_freq,
+        float attention_factor, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+        float *q_out, __half *k_cache, __half *v_cache);
+
+/* Attention partials: one block per (work item, KV head); items are read from meta. grid
+ * is the number of blocks along items (they loop), fixed for a graph. */
+void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
+        CuMeta meta, uint32_t grid, uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads,
+        uint32_t head_dim, float *acc, float2 *ml);
+
+/* out (rows, n_heads*head_dim) = the softmax-weighted merge of each row's item partials. */
+void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
+        uint32_t rows, uint32_t n_heads, uint32_t head_dim, float *out);
+
+/* out (rows, inter) = silu(gate) * up, gate and up being the two halves of the fused
+ * gate|up partials plus bias. */
+void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+        const float *bias, uint32_t rows, uint32_t inter, float *out);
+
+/* y[s] (rows, N) = slice s of x (rows, K; row stride ldx) · W, for rows <= GEMV_ROWS;
+ * slices are slice_stride floats apart. */
+void cu_gemv(cudaStream_t st, const CuLinear *l, const float *x, uint32_t ldx, uint32_t rows,
+        float *y, size_t slice_stride);
+
+/* w16 (N, K) = the dequantized AWQ weight, FP16. */
+void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16);
+
+/* Float32 to FP16, n elements. */
+void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
+
+/* ids[j] = argmax of logits row j over the first vocab ids (lowest id on a tie). */
+void cu_argmax(cudaStream_t st, const float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
+        int32_t *ids);
+
+/* Repacks AWQ GEMM-layout tensors (device copies) into l's layout, at column offset n_off
+ * of a fused layer of l->out columns: q has in rows of n/8 words. */
+void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
+        const uint32_t *qzeros, const __half *scales, uint32_t n, uint32_t n_off);

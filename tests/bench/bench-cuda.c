@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: MIT */
+/* bench-cuda MODEL_DIR: the CUDA backend on one checkpoint (a `dsquant synth` shape):
+ * load time, GPU memory, device copy bandwidth measured in the same run, prefill of 512
+ * and 2048 tokens (TTFT at 2048), and decode tokens/s at batch 1, 8, 32, 64, 128 with
+ * 512-token contexts. Times are wall-clock medians of whole step() calls after warm-up
+ * (the graph of each bucket is captured during warm-up). Exits 77 without a device or
+ * without a model directory. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_backend.h"
+#include "model.h"
+#include "test_util.h"
+
+#define BT      16
+#define CTX     512
+#define DECODE  24
+#define WARMUP  3
+
+static double now_s(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double) ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+        double x = *(const double *) a, y = *(const double *) b;
+        return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+        qsort(v, (size_t) n, sizeof(double), cmp_d);
+        return v[n / 2];
+}
+
+/* Device-to-device copy of 2 GiB, bytes read + written per second, median of 10. */
+static double copy_bandwidth(void)
+{
+        size_t n = (size_t) 2 << 30;
+        void *a, *b;
+        cudaEvent_t e0, e1;
+        double t[10];
+
+        CHECK(cudaMalloc(&a, n) == cudaSuccess && cudaMalloc(&b, n) == cudaSuccess, "malloc");
+        cudaMemset(a, 1, n);
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        for (int i = 0; i < 12; i++) {
+                cudaEventRecord(e0, 0);
+                cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+                cudaEventRecord(e1, 0);
+                cudaEventSynchronize(e1);
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                if (i >= 2)
+                        t[i - 2] = 2.0 * n / (ms * 1e-3);
+        }
+        cudaFree(a);
+        cudaFree(b);
+        return median(t, 10);
+}
+
+/* Bytes a batch-1 decode step reads: every weight once, plus the KV cache of ctx tokens. */
+static double step_bytes(const BkModel *m, uint64_t kv_per_token, uint32_t ctx)
+{
+        const BkConfig *c = &m->cfg;
+        double bytes = (double) c->vocab_size * c->hidden * 2; /* fp16 lm_head */
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const BkLayer *L = &m->layers[l];
+                const BkLinear *all[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
+                for (size_t i = 0; i < ELEMENTSOF(all); i++) {
+                        const BkLinear *x = all[i];
+                        if (x->kind == BK_LINEAR_AWQ)
+                                bytes += (double) x->in * x->out / 2 +
+                                         (double) x->in / x->group_size * x->out * 4;
+                        else
+                                bytes += (double) x->in * x->out * 2;
+                }
+        }
+        return bytes + (double) kv_per_token * ctx;
+}
+
+int main(int argc, char **argv)
+{
+        const BackendOps *ops = &backend_cuda_ops;
+        DsError err = {0};
+        Model *model = NULL;
+        Backend *b = NULL;
+        size_t free0, free1, total;
+
+        if (argc < 2) {
+                printf("SKIP: usage: bench-cuda MODEL_DIR\n");
+                return TEST_SKIP;
+        }
+        if (!cuda_device_present()) {
+                printf("SKIP: no CUDA device\n");
+                return TEST_SKIP;
+        }
+        struct cudaDeviceProp prop;
+        cudaGetDeviceProperties(&prop, 0);
+        double bw = copy_bandwidth();
+        cudaMemGetInfo(&free0, &total);
+
+        double t0 = now_s();
+        CHECK(model_load(argv[1], &(ModelOptions){0}, &model, &err) == 0, "%s", err.msg);
+        double t_map = now_s() - t0;
+        CHECK(ops->create(&(BkOptions){0}, &b, &err) == 0, "%s", err.msg);
+        CHECK(ops->load(b, &model->bk, &err) == 0, "%s", err.msg);
+        double t_load = now_s() - t0;
+        cudaMemGetInfo(&free1, &total);
+        const BkConfig *c = &model->bk.cfg;
+
+        uint64_t kvt = ops->kv_bytes_per_token(b);
+        uint32_t blocks_per_seq = 2048 / BT + 1;
+        uint64_t n_blocks = (uint64_t) (128 + 1) * blocks_per_seq + 2048 / BT;
+        CHECK(ops->kv_init(b, BT, n_blocks * BT * kvt, &err) == (int64_t) n_blocks, "%s", err.msg);
+
+        int32_t *prompt = calloc(2048, sizeof(int32_t));
+        uint32_t *blocks = calloc((size_t) n_blocks, sizeof(uint32_t));
+        for (uint32_t i = 0; i < 2048; i++)
+                prompt[i] = (int32_t) ((i * 7919u + 13u) % c->vocab_sample);
+        for (uint32_t i = 0; i < n_blocks; i++)
+                blocks[i] = i;
+
+        /* prefill */
+        double pf[2], pf_tps[2];
+        uint32_t lens[2] = {512, 2048};
+        for (int k = 0; k < 2; k++) {
+                double t[6];
+                for (int i = 0; i < 6; i++) {
+                        int32_t id;
+                        BkSeq s = {.tokens = prompt, .n_tokens = lens[k], .blocks = blocks,
+                                .n_blocks = 2048 / BT, .sample = true,
+                                .sampling = {.repetition_penalty = 1}};
+                        double s0 = now_s();
+                        CHECK(ops->step(b, &s, 1, &id, &err) == 0, "%s", err.msg);
+                        t[i] = now_s() - s0;
+                }
+                pf[k] = median(t + 1, 5);
+                pf_tps[k] = lens[k] / pf[k];
+        }
+
+        /* decode: every sequence shares the 512-token prefix in blocks 0..31 (filled by the
+         * last prefill) and owns blocks for what follows. */
+        static const uint32_t batches[] = {1, 8, 32, 64, 128};
+        double dec[ELEMENTSOF(batches)], dec_ms[ELEMENTSOF(batches)];
+        uint32_t *tables = calloc((size_t) 128 * blocks_per_seq, sizeof(uint32_t));
+        for (uint32_t s = 0; s < 128; s++)
+                for (uint32_t i = 0; i < blocks_per_seq; i++)
+                        tables[s * blocks_per_seq + i] =
+                                i < CTX / BT ? i : 2048 / BT + s * blocks_per_seq + i;
+        for (size_t k = 0; k < ELEMENTSOF(batches); k++) {
+                uint32_t n = batches[k];
+                BkSeq q[128];
+                int32_t cur[128], ids[128];
+                double t[DECODE];
+                for (uint32_t s = 0; s < n; s++)
+                        cur[s] = prompt[s];
+                for (int step = 0; step < WARMUP + DECODE; step++) {
+                        for (uint32_t s = 0; s < n; s++)
+                                q[s] = (BkSeq){.tokens = &cur[s], .n_tokens = 1,
+                                        .pos = CTX + (uint32_t) step,
+                                        .blocks = &tables[s * blocks_per_seq],
+                                        .n_blocks = blocks_per_seq, .sample = true,
+                                        .sampling = {.repetition_penalty = 1}};
+                        double s0 = now_s();
+                        CHECK(ops->step(b, q, n, ids, &err) == 0, "%s", err.msg);
+                        if (step >= WARMUP)
+                                t[step - WARMUP] = now_s() - s0;
+                        memcpy(cur, ids, n * sizeof(int32_t));
+                }
+                dec_ms[k] = median(t, DECODE) * 1e3;
+                dec[k] = n / (dec_ms[k] * 1e-3);
+        }
+
+        double bytes = step_bytes(&model->bk, kvt, CTX);
+        double achieved = bytes / (dec_ms[0] * 1e-3);
+        printf("\n| %s | %s |\n|---|---|\n", argv[1], prop.name);
+        printf("| load (map + upload + repack) | %.2f s (map %.2f s) |\n", t_load, t_map);
+        printf("| GPU memory for weights + scratch | %.2f GiB |\n",
+                (double) (free0 - free1) / (1 << 30));
+        printf("| device copy bandwidth (read+write) | %.0f GB/s |\n", bw / 1e9);
+        printf("| prefill 512 | %.1f ms, %.0f tok/s |\n", pf[0] * 1e3, pf_tps[0]);
+        printf("| prefill 2048 = TTFT@2048 | %.1f ms, %.0f tok/s |\n", pf[1] * 1e3, pf_tps[1]);
+        for (size_t k = 0; k < ELEMENTSOF(batches); k++)
+                printf("| decode batch %u, ctx %u | %.3f ms/step, %.0f tok/s |\n", batches[k], CTX,
+                        dec_ms[k], dec[k]);
+        printf("| batch-1 bytes/step | %.2f GB, %.0f GB/s = %.0f%% of copy bandwidth |\n",
+                bytes / 1e9, achieved / 1e9, 100.0 * achieved / bw);
+
+        ops->free(b);
+        model_free(model);
+        free(prompt);
+        free(blocks);
+        free(tables);
+        return 0;
+}

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: MIT */
+/* Helpers for the gpu suite: skipping without a device, random data that is never all
+ * zeros, random AWQ / dense linears and whole random models, and relative errors. */
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_backend.h"
+#include "half.h"
+#include "test_util.h"
+
+static inline void gpu_require(void)
+{
+        if (!cuda_device_present()) {
+                printf("SKIP: no CUDA device\n");
+                exit(TEST_SKIP);
+        }
+}
+
+static uint64_t gpu_rng = 0x9e3779b97f4a7c15u;
+
+static inline uint32_t rnd_u32(void)
+{
+        gpu_rng ^= gpu_rng << 13;
+        gpu_rng ^= gpu_rng >> 7;
+        gpu_rng ^= gpu_rng << 17;
+        return (uint32_t) (gpu_rng >> 16);
+}
+
+/* Uniform in [lo, hi). */
+static inline float rnd_f(float lo, float hi)
+{
+        return lo + (hi - lo) * (float) (rnd_u32() & 0xffffff) / 16777216.0f;
+}
+
+static inline void *rnd_alloc(size_t bytes)
+{
+        void *p = calloc(1, bytes ? bytes : 1);
+        CHECK(p, "out of memory");
+        return p;
+}
+
+static inline uint16_t *rnd_f16(size_t n, float lo, float hi)
+{
+        uint16_t *h = (uint16_t *) rnd_alloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+                h[i] = f32_to_f16(rnd_f(lo, hi));
+        return h;
+}
+
+static inline float *rnd_f32(size_t n, float lo, float hi)
+{
+        float *f = (float *) rnd_alloc(n * 4);
+        for (size_t i = 0; i < n; i++)
+                f[i] = rnd_f(lo, hi);
+        return f;
+}
+
+/* A random linear; memory is leaked on purpose (tests are short-lived processes). */
+static inline BkLinear rnd_linear(bool awq, uint32_t in, uint32_t out, uint32_t gs, bool bias,
+        BkDtype dense_dtype)
+{
+        BkLinear l = {.kind = awq ? BK_LINEAR_AWQ : BK_LINEAR_DENSE, .in = in, .out = out};
+        float scale = 1.0f / sqrtf((float) in);
+        if (awq) {
+                uint32_t *qw = (uint32_t *) rnd_alloc((size_t) in * out / 8 * 4);
+                uint32_t *qz = (uint32_t *) rnd_alloc((size_t) in / gs * out / 8 * 4);
+                for (size_t i = 0; i < (size_t) in * out / 8; i++)
+                        qw[i] = rnd_u32();
+                for (size_t i = 0; i < (size_t) in / gs * out / 8; i++)
+                        qz[i] = rnd_u32();
+                l.qweight = qw;
+                l.qzeros = qz;
+                l.scales = rnd_f16((size_t) in / gs * out, 0.2f * scale, 0.4f * scale);
+                l.group_size = gs;
+        } else if (dense_dtype == BK_DT_F32) {
+                l.w = (BkTensor){BK_DT_F32, rnd_f32((size_t) in * out, -2 * scale, 2 * scale)};
+        } else {
+                l.w = (BkTensor){BK_DT_F16, rnd_f16((size_t) in * out, -2 * scale, 2 * scale)};
+        }
+        if (bias)
+                l.bias = (BkTensor){BK_DT_F32, rnd_f32(out, -0.5f, 0.5f)};
+        return l;
+}
+
+typedef struct RndShape {
+        uint32_t hidden, inter, layers, heads, kv_heads, head_dim, vocab, gs;
+        bool qkv_bias;
+        BkRopeType rope;
+} RndShape;
+
+static inline BkModel rnd_model(const RndShape *s)
+{
+        BkModel m = {0};
+        BkConfig *c = &m.cfg;
+        uint32_t q_dim = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
+
+        *c = (BkConfig){
+                .arch = s->qkv_bias ? BK_ARCH_QWEN2 : BK_ARCH_LLAMA,
+                .hidden = s->hidden,
+                .intermediate = s->inter,
+                .n_layers = s->layers,
+                .n_heads = s->heads,
+                .n_kv_heads = s->kv_heads,
+                .head_dim = s->head_dim,
+                .vocab_size = s->vocab,
+                .vocab_sample = s->vocab - 3,
+                .max_positions = 4096,
+                .rms_eps = 1e-6f,
+                .rope = {.type = s->rope, .theta = 10000.0f, .factor = 4.0f,
+                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
+                        .original_max_pos = 512, .beta_fast = 32.0f, .beta_slow = 1.0f,
+                        .attention_factor = 1.1f},
+        };
+        m.embed = (BkTensor){BK_DT_F16, rnd_f16((size_t) s->vocab * s->hidden, -1.0f, 1.0f)};
+        m.final_norm = (BkTensor){BK_DT_F32, rnd_f32(s->hidden, 0.5f, 1.5f)};
+        m.lm_head = rnd_linear(false, s->hidden, s->vocab, 0, false, BK_DT_F16);
+        m.layers = (BkLayer *) rnd_alloc(s->layers * sizeof(BkLayer));
+        for (uint32_t l = 0; l < s->layers; l++) {
+                BkLayer *L = &m.layers[l];
+                L->attn_norm = (BkTensor){BK_DT_F16, rnd_f16(s->hidden, 0.5f, 1.5f)};
+                L->mlp_norm = (BkTensor){BK_DT_F32, rnd_f32(s->hidden, 0.5f, 1.5f)};
+                L->q = rnd_linear(true, s->hidden, q_dim, s->gs, s->qkv_bias, BK_DT_F16);
+                L->k = rnd_linear(true, s->hidden, kv, s->gs, s->qkv_bias, BK_DT_F16);
+                L->v = rnd_linear(true, s->hidden, kv, s->gs, s->qkv_bias, BK_DT_F16);
+                L->o = rnd_linear(true, q_dim, s->hidden, s->gs, false, BK_DT_F16);
+                L->gate = rnd_linear(true, s->hidden, s->inter, s->gs, false, BK_DT_F16);
+                L->up = rnd_linear(true, s->hidden, s->inter, s->gs, false, BK_DT_F16);
+                L->down = rnd_linear(true, s->inter, s->hidden, s->gs, false, BK_DT_F16);
+        }
+        return m;
+}
+
+/* ‖a − b‖ / ‖b‖ over n floats, in double. */
+static inline double rel_err(const float *a, const float *b, size_t n)
+{
+        double d = 0, r = 0;
+        for (size_t i = 0; i < n; i++) {
+                d += ((double) a[i] - b[i]) * ((double) a[i] - b[i]);
+                r += (double) b[i] * b[i];
+        }
+        return sqrt(d) / sqrt(r);
+}
+
+static inline Backend *backend_open(const BackendOps *ops, const BkModel *m, const char *device,
+        uint32_t blocks)
+{
+        DsError err = {0};
+        Backend *b = NULL;
+        BkOptions o = {.device = device};
+        CHECK(ops->create(&o, &b, &err) == 0, "%s create: %s", ops->name, err.msg);
+        CHECK(ops->load(b, m, &err) == 0, "%s load: %s", ops->name, err.msg);
+        CHECK(ops->kv_init(b, 16, ops->kv_bytes_per_token(b) * 16 * blocks, &err) ==
+                        (int64_t) blocks,
+                "%s kv_init: %s", ops->name, err.msg);
+        return b;
+}
