@@ -1,14 +1,20 @@
 /* SPDX-License-Identifier: MIT */
-/* dsd: the dsd daemon. Today it runs one generation and exits (--generate); serving
- * libdsclient clients is the next piece of work. */
+/* dsd: the dsd daemon. It serves libdsclient clients on a Unix socket (server.h) with
+ * one engine thread (engine_loop.h), or runs one generation and exits (--generate). */
+#include <assert.h>
 #include <getopt.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 
 #include "engine.h"
+#include "engine_loop.h"
 #include "log.h"
+#include "server.h"
 
 static const char *arg_model;
 static const char *arg_generate;
@@ -21,15 +27,22 @@ static uint64_t arg_seed;
 static uint32_t arg_threads;
 static bool arg_chat;
 static bool arg_quantize;
+/* Serving. The defaults come from server_options_init() and sched_limits_check(); when
+ * the dsd.json configuration lands it fills these before the flags override them. */
+static ServerOptions arg_server;
+static SchedLimits arg_limits;
+static uint64_t arg_kv_bytes;
 
 static void help(void)
 {
-        printf("Usage: dsd --model DIR --generate TEXT [OPTIONS]\n"
+        printf("Usage: dsd --model DIR [--socket PATH] [SERVING OPTIONS]\n"
+               "       dsd --model DIR --generate TEXT [OPTIONS]\n"
                "\n"
                "Loads a Hugging Face model directory (Qwen2/Llama; AWQ INT4, FP16, BF16 or F32\n"
-               "safetensors with tokenizer.json), generates a continuation of TEXT, prints only\n"
-               "the generated text on stdout and a one-line summary on stderr, and exits.\n"
-               "The serving daemon (libdsclient clients) is not built yet.\n"
+               "safetensors with tokenizer.json) and serves libdsclient clients on a Unix\n"
+               "socket until SIGTERM or SIGINT. With --generate it generates a continuation of\n"
+               "TEXT instead, prints only the generated text on stdout and a one-line summary\n"
+               "on stderr, and exits.\n"
                "\n"
                "Options:\n"
                "  --model DIR          model directory (config.json, *.safetensors, tokenizer.json)\n"
@@ -43,6 +56,21 @@ static void help(void)
                "  --backend NAME       cpu or auto (default auto)\n"
                "  --quantize-at-load   quantize FP16/BF16/F32 linear layers to INT4 (group 128)\n"
                "  --threads N          CPU backend threads (default 1)\n"
+               "  --kv-bytes N         KV cache budget in bytes (default: one full context)\n"
+               "\n"
+               "Serving options:\n"
+               "  --socket PATH        listening socket (default /run/dsd/dsd.sock)\n"
+               "  --max-batch N        sequences admitted at once (default 32)\n"
+               "  --step-tokens N      tokens one step computes at most (default 512)\n"
+               "  --queue N            requests waiting for admission; more get 'busy' (256)\n"
+               "  --max-clients N      connections at once (default 256)\n"
+               "  --max-requests N     requests in flight per client (default 64)\n"
+               "  --client-buffer N    undelivered event records per client before its\n"
+               "                       requests pause (default 4096)\n"
+               "  --slow-timeout-ms N  paused this long, they fail as too slow (default 5000)\n"
+               "  --allow-uid UID      also allow this uid (repeatable; default root and the\n"
+               "                       group dsd, else the daemon's own uid)\n"
+               "  --allow-gid GID      also allow this gid (repeatable)\n"
                "  --help, --version\n");
 }
 
@@ -72,12 +100,44 @@ static int parse_float(const char *opt, const char *s, float lo, float hi, float
         return 0;
 }
 
+static int parse_u64(const char *opt, const char *s, uint64_t *ret)
+{
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || end == s || *end || s[0] == '-') {
+                fprintf(stderr, "dsd: %s: '%s' is not a non-negative integer\n", opt, s);
+                return -EINVAL;
+        }
+        *ret = v;
+        return 0;
+}
+
+/* --allow-uid/--allow-gid parse into the id arrays as u32. */
+static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t), "ids");
+
+static int parse_id(const char *opt, const char *s, uint32_t *ids, size_t *n)
+{
+        uint32_t v;
+        int r = parse_u32(opt, s, &v);
+        if (r < 0)
+                return r;
+        if (*n >= SERVER_IDS_MAX) {
+                fprintf(stderr, "dsd: %s: at most %u ids\n", opt, SERVER_IDS_MAX);
+                return -E2BIG;
+        }
+        ids[(*n)++] = v;
+        return 0;
+}
+
 static int parse_argv(int argc, char **argv)
 {
         enum {
                 ARG_MODEL = 0x100, ARG_GENERATE, ARG_MAX_TOKENS, ARG_TEMPERATURE, ARG_TOP_K,
                 ARG_TOP_P, ARG_SEED, ARG_CHAT, ARG_BACKEND, ARG_QUANTIZE, ARG_THREADS,
-                ARG_VERSION,
+                ARG_VERSION, ARG_KV_BYTES, ARG_SOCKET, ARG_MAX_BATCH, ARG_STEP_TOKENS, ARG_QUEUE,
+                ARG_MAX_CLIENTS, ARG_MAX_REQUESTS, ARG_CLIENT_BUFFER, ARG_SLOW_TIMEOUT,
+                ARG_ALLOW_UID, ARG_ALLOW_GID,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -93,6 +153,17 @@ static int parse_argv(int argc, char **argv)
                 { "backend", required_argument, NULL, ARG_BACKEND },
                 { "quantize-at-load", no_argument, NULL, ARG_QUANTIZE },
                 { "threads", required_argument, NULL, ARG_THREADS },
+                { "kv-bytes", required_argument, NULL, ARG_KV_BYTES },
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "max-batch", required_argument, NULL, ARG_MAX_BATCH },
+                { "step-tokens", required_argument, NULL, ARG_STEP_TOKENS },
+                { "queue", required_argument, NULL, ARG_QUEUE },
+                { "max-clients", required_argument, NULL, ARG_MAX_CLIENTS },
+                { "max-requests", required_argument, NULL, ARG_MAX_REQUESTS },
+                { "client-buffer", required_argument, NULL, ARG_CLIENT_BUFFER },
+                { "slow-timeout-ms", required_argument, NULL, ARG_SLOW_TIMEOUT },
+                { "allow-uid", required_argument, NULL, ARG_ALLOW_UID },
+                { "allow-gid", required_argument, NULL, ARG_ALLOW_GID },
                 {}
         };
         uint32_t seed32;
@@ -141,6 +212,41 @@ static int parse_argv(int argc, char **argv)
                 case ARG_THREADS:
                         r = parse_u32("--threads", optarg, &arg_threads);
                         break;
+                case ARG_KV_BYTES:
+                        r = parse_u64("--kv-bytes", optarg, &arg_kv_bytes);
+                        break;
+                case ARG_SOCKET:
+                        arg_server.socket_path = optarg;
+                        break;
+                case ARG_MAX_BATCH:
+                        r = parse_u32("--max-batch", optarg, &arg_limits.max_seqs);
+                        break;
+                case ARG_STEP_TOKENS:
+                        r = parse_u32("--step-tokens", optarg, &arg_limits.step_tokens);
+                        break;
+                case ARG_QUEUE:
+                        r = parse_u32("--queue", optarg, &arg_limits.max_queued);
+                        break;
+                case ARG_MAX_CLIENTS:
+                        r = parse_u32("--max-clients", optarg, &arg_server.max_clients);
+                        break;
+                case ARG_MAX_REQUESTS:
+                        r = parse_u32("--max-requests", optarg, &arg_server.max_requests);
+                        break;
+                case ARG_CLIENT_BUFFER:
+                        r = parse_u32("--client-buffer", optarg, &arg_server.max_pending);
+                        break;
+                case ARG_SLOW_TIMEOUT:
+                        r = parse_u32("--slow-timeout-ms", optarg, &arg_server.slow_timeout_ms);
+                        break;
+                case ARG_ALLOW_UID:
+                        r = parse_id("--allow-uid", optarg, (uint32_t *) arg_server.allow_uids,
+                                &arg_server.n_allow_uids);
+                        break;
+                case ARG_ALLOW_GID:
+                        r = parse_id("--allow-gid", optarg, (uint32_t *) arg_server.allow_gids,
+                                &arg_server.n_allow_gids);
+                        break;
                 default:
                         return -EINVAL; /* getopt named the option */
                 }
@@ -155,9 +261,10 @@ static int parse_argv(int argc, char **argv)
                 fprintf(stderr, "dsd: --model DIR is required (see --help)\n");
                 return -EINVAL;
         }
-        if (!arg_generate) {
-                fprintf(stderr, "dsd: only --generate TEXT is implemented; the serving daemon "
-                                "is not built yet\n");
+        if (!arg_generate && (arg_server.max_clients == 0 || arg_server.max_requests == 0 ||
+                                     arg_server.max_pending == 0)) {
+                fprintf(stderr, "dsd: --max-clients, --max-requests and --client-buffer must be "
+                                "at least 1\n");
                 return -EINVAL;
         }
         return 0;
@@ -169,6 +276,52 @@ static void emit_stdout(void *userdata, const char *text, size_t len)
         fflush(stdout);
 }
 
+/* Serves until SIGTERM/SIGINT. Cleanup runs in reverse: server, engine loop (joins the
+ * engine thread), its eventfd, then the engine. */
+static int serve(Engine *e)
+{
+        _cleanup_close_ int notify_fd = -EBADF;
+        _cleanup_(engine_loop_freep) EngineLoop *loop = NULL;
+        _cleanup_(server_freep) Server *srv = NULL;
+        DsError err = {};
+        sigset_t mask;
+        int r;
+
+        r = sched_limits_check(&arg_limits, &err);
+        if (r < 0)
+                return log_error_errno(r, "Invalid limits: %s", err.msg);
+        arg_server.max_queue = arg_limits.max_queued;
+
+        /* Blocked in every thread (the engine thread inherits the mask): the I/O thread
+         * reads them from its signalfd. A client that vanishes must not kill us either. */
+        sigemptyset(&mask);
+        sigaddset(&mask, SIGTERM);
+        sigaddset(&mask, SIGINT);
+        r = pthread_sigmask(SIG_BLOCK, &mask, NULL);
+        if (r != 0)
+                return log_error_errno(r, "Failed to block SIGTERM and SIGINT: %m");
+        signal(SIGPIPE, SIG_IGN);
+
+        notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (notify_fd < 0)
+                return log_error_errno(errno, "Failed to create an eventfd: %m");
+        r = engine_loop_start(e, &arg_limits, notify_fd, &loop, &err);
+        if (r < 0)
+                return log_error_errno(r, "Failed to start the engine thread: %s", err.msg);
+        r = server_new(e, loop, notify_fd, &arg_server, &srv, &err);
+        if (r < 0)
+                return log_error_errno(r, "Failed to set up the server: %s", err.msg);
+        log_info("Serving '%s' on %s: %s backend, %u KV blocks of %u positions, batch %u, "
+                 "queue %u, load %.2f s",
+                arg_model, arg_server.socket_path, e->ops->name, e->kv.n_total, e->block_tokens,
+                arg_limits.max_seqs, arg_limits.max_queued, (double) e->load_usec / 1e6);
+        r = server_run(srv);
+        if (r < 0)
+                return r;
+        log_info("Stopped");
+        return 0;
+}
+
 int main(int argc, char **argv)
 {
         _cleanup_(engine_freep) Engine *e = NULL;
@@ -176,6 +329,7 @@ int main(int argc, char **argv)
         GenResult res = {};
         int r;
 
+        server_options_init(&arg_server);
         if (parse_argv(argc, argv) < 0)
                 return EXIT_FAILURE;
 
@@ -183,13 +337,16 @@ int main(int argc, char **argv)
                 .backend = arg_backend,
                 .quantize_int4 = arg_quantize,
                 .threads = arg_threads,
-                .verbose = true,
+                .kv_bytes = arg_kv_bytes,
+                .verbose = arg_generate != NULL,
         };
         r = engine_open(arg_model, &eo, &e, &err);
         if (r < 0) {
                 log_error("Failed to load model '%s': %s", arg_model, err.msg);
                 return EXIT_FAILURE;
         }
+        if (!arg_generate)
+                return serve(e) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 
         GenParams gp = {
                 .max_tokens = arg_max_tokens,
@@ -210,9 +367,10 @@ int main(int argc, char **argv)
         double secs = (double) res.decode_usec / 1e6;
         fprintf(stderr,
                 "dsd: %s backend, %u prompt tokens (%.1f ms), %u generated tokens, %.1f tokens/s, "
-                "finish %s, load %.2f s\n",
+                "finish %s, load %.2f s, KV %llu bytes/token\n",
                 e->ops->name, res.prompt_tokens, (double) res.prefill_usec / 1e3,
                 res.generated_tokens, secs > 0 ? res.generated_tokens / secs : 0.0,
-                finish_reason_name(res.finish), (double) e->load_usec / 1e6);
+                finish_reason_name(res.finish), (double) e->load_usec / 1e6,
+                (unsigned long long) e->ops->kv_bytes_per_token(e->be));
         return EXIT_SUCCESS;
 }
