@@ -25,11 +25,18 @@ static uint64_t arg_seed = 1;
 
 typedef struct SynthShape {
         const char *name;
-        const char *arch; /* Qwen2ForCausalLM (q/k/v biases) or LlamaForCausalLM */
+        /* Qwen2ForCausalLM (q/k/v biases), LlamaForCausalLM, or DeepseekV2ForCausalLM (MLA
+         * without q LoRA, softmax-greedy MoE, YaRN) */
+        const char *arch;
         uint32_t hidden, intermediate, n_layers, n_heads, n_kv_heads, head_dim, vocab;
         uint32_t max_pos, group_size;
         double rope_theta, rms_eps;
         bool tied;
+        /* DeepseekV2ForCausalLM only */
+        uint32_t kv_lora_rank, qk_nope, qk_rope, v_head;
+        uint32_t n_routed, n_shared, top_k, expert_dim, first_dense;
+        double yarn_factor, yarn_mscale; /* mscale and mscale_all_dim alike */
+        uint32_t yarn_original_max_pos;
 } SynthShape;
 
 /* clang-format off */
@@ -38,6 +45,13 @@ static const SynthShape SHAPES[] = {
         /* DeepSeek-R1-Distill-Qwen-7B and -32B (shared/docs/formats.md). */
         { "qwen2-7b", "Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 128, 152064, 131072, 128, 10000.0, 1e-6, false },
         { "qwen2-32b", "Qwen2ForCausalLM", 5120, 27648, 64, 40, 8, 128, 152064, 131072, 128, 1000000.0, 1e-5, false },
+        /* A small MoE + MLA model for tests: the first layer dense, then 8 experts, top 2. */
+        { "tiny-moe", "DeepseekV2ForCausalLM", 256, 512, 3, 4, 4, 64, 512, 163840, 128, 10000.0, 1e-6, false,
+          128, 64, 32, 64, 8, 2, 2, 128, 1, 40.0, 0.707, 4096 },
+        /* DeepSeek-V2-Lite (shared/docs/formats.md). Group 64: the dense layer's 10944
+         * inputs to down_proj are not a multiple of 128. */
+        { "deepseek-v2-lite", "DeepseekV2ForCausalLM", 2048, 10944, 27, 16, 16, 128, 102400, 163840, 64, 10000.0, 1e-6, false,
+          512, 128, 64, 128, 64, 2, 6, 1408, 1, 40.0, 0.707, 4096 },
 };
 /* clang-format on */
 
@@ -292,6 +306,93 @@ static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32
 /* Tensors per layer: 2 norms, 7 linears of 3 tensors, up to 3 biases. */
 #define SYNTH_LAYER_TENSORS (2 + 7 * 3 + 3)
 
+static bool is_deepseek(const SynthShape *sh)
+{
+        return !strcmp(sh->arch, "DeepseekV2ForCausalLM");
+}
+
+/* Linears per DeepSeek layer, at most: q, kv_a, kv_b, o, then the routed and the shared
+ * experts' three each (a dense layer has fewer). */
+static uint32_t deepseek_layer_linears(const SynthShape *sh)
+{
+        return 4 + 3 * (sh->n_routed + 1);
+}
+
+/* Quantized weights of one DeepSeek layer, MoE or dense. */
+static uint64_t deepseek_layer_weights(const SynthShape *sh, bool moe)
+{
+        uint64_t h = sh->hidden, N = sh->n_heads;
+        uint64_t attn = h * N * (sh->qk_nope + sh->qk_rope) + h * (sh->kv_lora_rank + sh->qk_rope) +
+                        (uint64_t) sh->kv_lora_rank * N * (sh->qk_nope + sh->v_head) +
+                        N * sh->v_head * h;
+        uint64_t mlp = moe ? 3 * h * sh->expert_dim * ((uint64_t) sh->n_routed + sh->n_shared)
+                           : 3 * h * sh->intermediate;
+        return attn + mlp;
+}
+
+/* One DeepSeek-V2 decoder layer under the published names: MLA without q LoRA, then the
+ * dense MLP or the FP16 router, the routed experts and the shared experts. */
+static int add_deepseek_layer(Synth *s, StWriter *w, int L, DsError *err)
+{
+        const SynthShape *sh = &s->shape;
+        uint32_t N = sh->n_heads, h = sh->hidden;
+        uint64_t norm[1] = {h}, kv_norm[1] = {sh->kv_lora_rank};
+        uint64_t router[2] = {sh->n_routed, h};
+        char name[160];
+        int r;
+
+        snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight", L);
+        if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, norm, NULL, L, err)) < 0 ||
+                (r = add_linear(s, w, L, "self_attn.q_proj", h, N * (sh->qk_nope + sh->qk_rope),
+                         false, err)) < 0 ||
+                (r = add_linear(s, w, L, "self_attn.kv_a_proj_with_mqa", h,
+                         sh->kv_lora_rank + sh->qk_rope, false, err)) < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%d.self_attn.kv_a_layernorm.weight", L);
+        if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, kv_norm, NULL, -1, err)) < 0 ||
+                (r = add_linear(s, w, L, "self_attn.kv_b_proj", sh->kv_lora_rank,
+                         N * (sh->qk_nope + sh->v_head), false, err)) < 0 ||
+                (r = add_linear(s, w, L, "self_attn.o_proj", N * sh->v_head, h, false, err)) < 0)
+                return r;
+        snprintf(name, sizeof(name), "model.layers.%d.post_attention_layernorm.weight", L);
+        if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, norm, NULL, -1, err)) < 0)
+                return r;
+
+        if ((uint32_t) L < sh->first_dense) {
+                if ((r = add_linear(s, w, L, "mlp.gate_proj", h, sh->intermediate, false, err)) <
+                                0 ||
+                        (r = add_linear(s, w, L, "mlp.up_proj", h, sh->intermediate, false, err)) <
+                                0)
+                        return r;
+                return add_linear(s, w, L, "mlp.down_proj", sh->intermediate, h, false, err);
+        }
+        snprintf(name, sizeof(name), "model.layers.%d.mlp.gate.weight", L);
+        if ((r = add(s, w, name, SYN_NORMAL, ST_F16, 2, router, NULL, -1, err)) < 0)
+                return r;
+        for (uint32_t e = 0; e <= sh->n_routed; e++) {
+                /* The experts, then the shared experts as one MLP of n_shared widths. */
+                bool shared = e == sh->n_routed;
+                uint32_t width = shared ? sh->n_shared * sh->expert_dim : sh->expert_dim;
+                char base[96];
+                if (shared && sh->n_shared == 0)
+                        break;
+                if (shared)
+                        snprintf(base, sizeof(base), "mlp.shared_experts");
+                else
+                        snprintf(base, sizeof(base), "mlp.experts.%u", e);
+                const char *parts[] = {"gate_proj", "up_proj", "down_proj"};
+                for (size_t i = 0; i < ELEMENTSOF(parts); i++) {
+                        char lin[128];
+                        snprintf(lin, sizeof(lin), "%s.%s", base, parts[i]);
+                        r = i < 2 ? add_linear(s, w, L, lin, h, width, false, err)
+                                  : add_linear(s, w, L, lin, width, h, false, err);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        return 0;
+}
+
 static int synth_weights(Synth *s, const char *outdir, DsError *err)
 {
         const SynthShape *sh = &s->shape;
@@ -303,8 +404,11 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
         char name[160];
         int r;
 
-        s->tensors = calloc((size_t) sh->n_layers * SYNTH_LAYER_TENSORS + 3, sizeof(*s->tensors));
-        s->linears = calloc((size_t) sh->n_layers * 7, sizeof(*s->linears));
+        size_t layer_linears = is_deepseek(sh) ? deepseek_layer_linears(sh) : 7;
+        /* Three tensors per linear, up to one bias each, four norms and a router. */
+        s->tensors = calloc((size_t) sh->n_layers * (layer_linears * 4 + 5) + 3,
+                sizeof(*s->tensors));
+        s->linears = calloc((size_t) sh->n_layers * layer_linears, sizeof(*s->linears));
         if (!s->tensors || !s->linears || asprintf(&path, "%s/model.safetensors", outdir) < 0) {
                 path = NULL;
                 return ds_error(err, -ENOMEM, "out of memory");
@@ -318,6 +422,8 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
         uint64_t per_layer = (uint64_t) sh->hidden * (q_dim + 2 * kv_dim) +
                              (uint64_t) q_dim * sh->hidden +
                              3 * (uint64_t) sh->hidden * sh->intermediate;
+        if (is_deepseek(sh))
+                per_layer = deepseek_layer_weights(sh, true);
         s->rtn = per_layer * sh->n_layers <= SYNTH_RTN_MAX_WEIGHTS;
         /* Progress lines only where writing takes long enough to want them. */
         s->progress = (uint64_t) sh->vocab * sh->hidden > (UINT64_C(64) << 20);
@@ -328,6 +434,11 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
         for (uint32_t i = 0; i < sh->n_layers; i++) {
                 int L = (int) i;
 
+                if (is_deepseek(sh)) {
+                        if ((r = add_deepseek_layer(s, w, L, err)) < 0)
+                                return r;
+                        continue;
+                }
                 snprintf(name, sizeof(name), "model.layers.%d.input_layernorm.weight", L);
                 if ((r = add(s, w, name, SYN_ONES, ST_F16, 1, norm, NULL, L, err)) < 0 ||
                         (r = add_linear(s, w, L, "self_attn.q_proj", sh->hidden, q_dim, biases,
@@ -471,6 +582,15 @@ static int shape_check(const SynthShape *sh, DsError *err)
         if (sh->hidden % 8 || q_dim % 8 || kv_dim % 8 || sh->intermediate % 8)
                 return ds_error(err, -EINVAL,
                         "%s: every linear's output count must be a multiple of 8", sh->name);
+        if (is_deepseek(sh) &&
+                (sh->kv_lora_rank % sh->group_size || sh->expert_dim % sh->group_size ||
+                        (sh->n_heads * sh->v_head) % sh->group_size ||
+                        (sh->kv_lora_rank + sh->qk_rope) % 8 || sh->qk_rope % 2 ||
+                        sh->top_k > sh->n_routed))
+                return ds_error(err, -EINVAL,
+                        "%s: the MLA and expert widths must be multiples of the group size %u, "
+                        "kv_lora_rank + qk_rope of 8, and top_k at most the experts",
+                        sh->name, sh->group_size);
         if (sh->vocab < SYNTH_TOKENIZER_MIN_VOCAB)
                 return ds_error(err, -EINVAL,
                         "%s: vocab_size %u is below the %u the tokenizer needs", sh->name,
@@ -478,18 +598,50 @@ static int shape_check(const SynthShape *sh, DsError *err)
         return 0;
 }
 
+/* The MLA, MoE and YaRN fields of a DeepSeek-V2 config.json, in the published form. */
+static bool write_deepseek_config(const SynthShape *sh, cJSON *j)
+{
+        bool ok = cJSON_AddNullToObject(j, "q_lora_rank") &&
+                  cJSON_AddNumberToObject(j, "kv_lora_rank", sh->kv_lora_rank) &&
+                  cJSON_AddNumberToObject(j, "qk_nope_head_dim", sh->qk_nope) &&
+                  cJSON_AddNumberToObject(j, "qk_rope_head_dim", sh->qk_rope) &&
+                  cJSON_AddNumberToObject(j, "v_head_dim", sh->v_head) &&
+                  cJSON_AddNumberToObject(j, "n_routed_experts", sh->n_routed) &&
+                  cJSON_AddNumberToObject(j, "n_shared_experts", sh->n_shared) &&
+                  cJSON_AddNumberToObject(j, "num_experts_per_tok", sh->top_k) &&
+                  cJSON_AddNumberToObject(j, "moe_intermediate_size", sh->expert_dim) &&
+                  cJSON_AddNumberToObject(j, "first_k_dense_replace", sh->first_dense) &&
+                  cJSON_AddNumberToObject(j, "moe_layer_freq", 1) &&
+                  cJSON_AddNumberToObject(j, "n_group", 1) &&
+                  cJSON_AddNumberToObject(j, "topk_group", 1) &&
+                  cJSON_AddStringToObject(j, "topk_method", "greedy") &&
+                  cJSON_AddStringToObject(j, "scoring_func", "softmax") &&
+                  cJSON_AddFalseToObject(j, "norm_topk_prob") &&
+                  cJSON_AddNumberToObject(j, "routed_scaling_factor", 1.0);
+        cJSON *y = ok ? cJSON_AddObjectToObject(j, "rope_scaling") : NULL;
+        return y && cJSON_AddStringToObject(y, "type", "yarn") &&
+               cJSON_AddNumberToObject(y, "factor", sh->yarn_factor) &&
+               cJSON_AddNumberToObject(
+                       y, "original_max_position_embeddings", sh->yarn_original_max_pos) &&
+               cJSON_AddNumberToObject(y, "beta_fast", 32) &&
+               cJSON_AddNumberToObject(y, "beta_slow", 1) &&
+               cJSON_AddNumberToObject(y, "mscale", sh->yarn_mscale) &&
+               cJSON_AddNumberToObject(y, "mscale_all_dim", sh->yarn_mscale);
+}
+
 static int write_config(
         const SynthShape *sh, const SynthTokens *tok, const char *outdir, DsError *err)
 {
         _cleanup_(cJSON_Deletep) cJSON *j = cJSON_CreateObject();
-        bool qwen2 = !strcmp(sh->arch, "Qwen2ForCausalLM");
+        bool qwen2 = !strcmp(sh->arch, "Qwen2ForCausalLM"), ds = is_deepseek(sh);
         cJSON *arch = j ? cJSON_AddArrayToObject(j, "architectures") : NULL;
         cJSON *a = arch ? cJSON_CreateString(sh->arch) : NULL;
         bool ok = a && cJSON_AddItemToArray(arch, a);
 
         if (!ok)
                 cJSON_Delete(a);
-        ok = ok && cJSON_AddStringToObject(j, "model_type", qwen2 ? "qwen2" : "llama");
+        ok = ok && cJSON_AddStringToObject(
+                           j, "model_type", qwen2 ? "qwen2" : ds ? "deepseek_v2" : "llama");
         ok = ok && cJSON_AddNumberToObject(j, "hidden_size", sh->hidden);
         ok = ok && cJSON_AddNumberToObject(j, "intermediate_size", sh->intermediate);
         ok = ok && cJSON_AddNumberToObject(j, "num_hidden_layers", sh->n_layers);
@@ -504,6 +656,8 @@ static int write_config(
         ok = ok && cJSON_AddBoolToObject(j, "tie_word_embeddings", sh->tied);
         if (qwen2)
                 ok = ok && cJSON_AddFalseToObject(j, "use_sliding_window");
+        if (ds)
+                ok = ok && write_deepseek_config(sh, j);
         ok = ok && cJSON_AddNumberToObject(j, "bos_token_id", tok->endoftext);
 
         cJSON *eos = ok ? cJSON_AddArrayToObject(j, "eos_token_id") : NULL;
@@ -583,6 +737,10 @@ static void help(FILE *out)
                 "GB)\n"
                 "                  qwen2-32b  DeepSeek-R1-Distill-Qwen-32B dimensions (about 19 "
                 "GB)\n"
+                "                  tiny-moe   DeepSeek-V2 MLA + MoE, hidden 256, 3 layers, 8 "
+                "experts\n"
+                "                  deepseek-v2-lite  DeepSeek-V2-Lite dimensions, AWQ group 64 "
+                "(about 9 GB)\n"
                 "  --config FILE   a Hugging Face config.json (Qwen2ForCausalLM or "
                 "LlamaForCausalLM)\n"
                 "                  giving the dimensions; group size from its quantization_config\n"
@@ -645,7 +803,8 @@ int cmd_synth(int argc, char **argv)
                         if (!strcmp(arg_shape, SHAPES[i].name))
                                 break;
                 if (i == ELEMENTSOF(SHAPES)) {
-                        log_error("synth: unknown --shape '%s' (tiny, qwen2-7b, qwen2-32b)",
+                        log_error("synth: unknown --shape '%s' (tiny, qwen2-7b, qwen2-32b, "
+                                  "tiny-moe, deepseek-v2-lite)",
                                 arg_shape);
                         return EXIT_FAILURE;
                 }
