@@ -38,6 +38,7 @@ static_assert(DS_MAX_MESSAGES == DS_WIRE_MAX_MESSAGES, "messages");
 static_assert(DS_MAX_TOP_LOGPROBS == DS_WIRE_MAX_TOP_LOGPROBS, "logprobs");
 static_assert(DS_MAX_PIECE == DS_WIRE_MAX_PIECE, "piece");
 static_assert(DS_MAX_MESSAGE == DS_WIRE_MESSAGE, "message");
+static_assert(DS_TOKEN_NONE == DS_WIRE_TOKEN_NONE, "text-only token");
 static_assert(DS_ERR_UNSUPPORTED - DS_ERR_WIRE_BASE == DS_WIRE_ERR_UNSUPPORTED, "errors");
 static_assert(_DS_WIRE_ERR_MAX == DS_WIRE_ERR_UNSUPPORTED + 1, "every wire error is public");
 static_assert((int) DS_ROLE_ASSISTANT == (int) DS_WIRE_ROLE_ASSISTANT, "roles");

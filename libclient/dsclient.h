@@ -170,6 +170,8 @@ enum {
         DS_FINISH_CANCELLED = 4,
 };
 
+#define DS_TOKEN_NONE (-1)
+
 typedef struct ds_logprob {
         int32_t token_id;
         float logprob;
@@ -185,7 +187,9 @@ typedef struct ds_event {
 
         /* DS_EVENT_TOKEN. The text of one token may be empty (a UTF-8 character
          * continues in the next token); concatenating the texts of a request's tokens
-         * gives its output. */
+         * gives its output. token_id is DS_TOKEN_NONE for text that only the end of the
+         * request released (held back as a possible stop-string prefix): it comes right
+         * before the request's DS_EVENT_FINAL. */
         int32_t token_id;
         float logprob;  /* of token_id, when top_logprobs was asked for; else 0 */
         uint32_t text_len;
