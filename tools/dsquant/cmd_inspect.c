@@ -186,6 +186,25 @@ int cmd_inspect(int argc, char **argv)
         printf("dimensions:   hidden %u, intermediate %u, layers %u, heads %u, kv heads %u, "
                "head_dim %u\n",
                 c->hidden, c->intermediate, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim);
+        if (c->mla.kv_lora_rank) {
+                const BkMlaConfig *mla = &c->mla;
+                printf("mla:          q_lora_rank %u, kv_lora_rank %u, nope %u, rope %u, v %u, "
+                       "softmax scale %g, KV %u values per token per layer\n",
+                        mla->q_lora_rank, mla->kv_lora_rank, mla->qk_nope_dim, mla->qk_rope_dim,
+                        mla->v_head_dim, mla->softmax_scale, mla->kv_lora_rank + mla->qk_rope_dim);
+        }
+        if (c->moe.n_routed) {
+                static const char *const methods[_BK_TOPK_MAX] = {
+                        "greedy", "group_limited_greedy", "noaux_tc"};
+                const BkMoeConfig *mc = &c->moe;
+                printf("moe:          %u routed experts (top %u) + %u shared, width %u, dense "
+                       "below layer %u, every %u; %s %s, %u groups keep %u, norm_topk_prob %s, "
+                       "scaling %g\n",
+                        mc->n_routed, mc->top_k, mc->n_shared, mc->expert_dim, mc->first_dense,
+                        mc->layer_freq, mc->scoring == BK_SCORING_SIGMOID ? "sigmoid" : "softmax",
+                        methods[mc->topk_method], mc->n_group, mc->topk_group,
+                        mc->norm_topk_prob ? "yes" : "no", mc->routed_scaling_factor);
+        }
         printf("vocabulary:   %u, max positions %u, rms_norm_eps %g, tied embeddings %s\n",
                 c->vocab_size, c->max_positions, c->rms_eps, info->tie_embeddings ? "yes" : "no");
         printf("quantization: %s", info->quant);
