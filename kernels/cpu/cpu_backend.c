@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The CPU reference backend: Llama, Qwen2 and DeepSeek-V2/V3 (MLA + MoE) forward passes
- * in float32, laid out like llama2.c's run.c. The config and the weights belong to the BkModel (read in place, never
- * written); the run state and the paged KV cache belong to the backend.
+ * in float32, laid out like llama2.c's run.c. The config and the weights belong to the BkModel
+ * (read in place, never written); the run state and the paged KV cache belong to the backend.
  *
  * A step's tokens are processed in tiles of up to TILE_ROWS rows, each tile through every
  * layer before the next one starts, so later tiles see earlier tiles' K/V in the cache.
@@ -64,19 +64,19 @@ typedef struct RunState {
         float *sample_f;        /* (vocab_size) bk_sample scratch */
         int32_t *sample_i;      /* (vocab_size) bk_sample scratch */
         /* MLA only */
-        float *qa;              /* (TILE_ROWS, q_lora_rank) q_a_proj, then q_a_layernorm */
-        float *kva;             /* (TILE_ROWS, kv_lora_rank + R) kv_a_proj_with_mqa */
-        float *q_lat;           /* (TILE_ROWS, n_heads, kv_lora_rank) absorbed queries */
-        float *o_lat;           /* (TILE_ROWS, n_heads, kv_lora_rank) weighted latent sums */
-        float *wrow;            /* (n_heads * (P + Vd)) one dequantized row of kv_b_proj */
+        float *qa;    /* (TILE_ROWS, q_lora_rank) q_a_proj, then q_a_layernorm */
+        float *kva;   /* (TILE_ROWS, kv_lora_rank + R) kv_a_proj_with_mqa */
+        float *q_lat; /* (TILE_ROWS, n_heads, kv_lora_rank) absorbed queries */
+        float *o_lat; /* (TILE_ROWS, n_heads, kv_lora_rank) weighted latent sums */
+        float *wrow;  /* (n_heads * (P + Vd)) one dequantized row of kv_b_proj */
         /* MoE only */
-        float *router;          /* (TILE_ROWS, n_routed) router logits */
-        float *route;           /* (cpu_moe_route_scratch) */
-        uint32_t *expert_idx;   /* (TILE_ROWS, top_k) each row's experts, ascending */
-        float *expert_w;        /* (TILE_ROWS, top_k) their weights */
-        float *gx;              /* (TILE_ROWS, hidden) the rows routed to one expert */
-        float *gy;              /* (TILE_ROWS, hidden) that expert's outputs for them */
-        float *moe_out;         /* (TILE_ROWS, hidden) the weighted sum of routed outputs */
+        float *router;        /* (TILE_ROWS, n_routed) router logits */
+        float *route;         /* (cpu_moe_route_scratch) */
+        uint32_t *expert_idx; /* (TILE_ROWS, top_k) each row's experts, ascending */
+        float *expert_w;      /* (TILE_ROWS, top_k) their weights */
+        float *gx;            /* (TILE_ROWS, hidden) the rows routed to one expert */
+        float *gy;            /* (TILE_ROWS, hidden) that expert's outputs for them */
+        float *moe_out;       /* (TILE_ROWS, hidden) the weighted sum of routed outputs */
         Row rows[TILE_ROWS];
 } RunState;
 
@@ -199,8 +199,8 @@ static int run_state_alloc(RunState *s, const BkModel *m)
                 s->kva = calloc((size_t) TILE_ROWS * kv_width(c), sizeof(float));
                 s->q_lat = calloc(lat, sizeof(float));
                 s->o_lat = calloc(lat, sizeof(float));
-                s->wrow = calloc((size_t) c->n_heads * (mla->qk_nope_dim + mla->v_head_dim),
-                        sizeof(float));
+                s->wrow = calloc(
+                        (size_t) c->n_heads * (mla->qk_nope_dim + mla->v_head_dim), sizeof(float));
                 if (!s->qa || !s->kva || !s->q_lat || !s->o_lat || !s->wrow)
                         return -ENOMEM;
         }
@@ -213,8 +213,8 @@ static int run_state_alloc(RunState *s, const BkModel *m)
                 s->gx = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
                 s->gy = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
                 s->moe_out = calloc((size_t) TILE_ROWS * c->hidden, sizeof(float));
-                if (!s->router || !s->route || !s->expert_idx || !s->expert_w || !s->gx ||
-                        !s->gy || !s->moe_out)
+                if (!s->router || !s->route || !s->expert_idx || !s->expert_w || !s->gx || !s->gy ||
+                        !s->moe_out)
                         return -ENOMEM;
         }
 
@@ -338,8 +338,8 @@ static int deepseek_layer_check(const BkConfig *c, const BkLayer *L, uint32_t l,
         }
         if (mc->n_shared == 0)
                 return 0;
-        return expert_check(c, &L->moe.shared, "shared_experts", mc->n_shared * mc->expert_dim, l,
-                err);
+        return expert_check(
+                c, &L->moe.shared, "shared_experts", mc->n_shared * mc->expert_dim, l, err);
 }
 
 /* The routing and latent dimensions the forward pass relies on. */
@@ -355,8 +355,8 @@ static int deepseek_config_check(const BkConfig *c, DsError *err)
                 return ds_error(err, -DS_ERR_FORMAT, "inconsistent MLA dimensions");
         if (mc->n_routed == 0)
                 return 0;
-        if (mc->top_k == 0 || mc->top_k > mc->n_routed || mc->expert_dim == 0 ||
-                mc->n_group == 0 || mc->n_routed % mc->n_group != 0 || mc->topk_group == 0 ||
+        if (mc->top_k == 0 || mc->top_k > mc->n_routed || mc->expert_dim == 0 || mc->n_group == 0 ||
+                mc->n_routed % mc->n_group != 0 || mc->topk_group == 0 ||
                 mc->topk_group > mc->n_group || mc->layer_freq == 0 ||
                 (unsigned) mc->topk_method >= _BK_TOPK_MAX ||
                 (unsigned) mc->scoring >= _BK_SCORING_MAX ||
@@ -612,8 +612,8 @@ static void attention_mla(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
                 cpu_rope_apply_pairs(lat + rank, R, cs, sn);
                 for (uint32_t h = 0; h < c->n_heads; h++)
                         cpu_rope_apply_pairs(
-                                s->q + (size_t) r * q_dim + (size_t) h * qk + m->qk_nope_dim, R,
-                                cs, sn);
+                                s->q + (size_t) r * q_dim + (size_t) h * qk + m->qk_nope_dim, R, cs,
+                                sn);
         }
 
         /* absorbed queries: each head's q_nope through W_UK into the latent space */

@@ -406,8 +406,8 @@ static int synth_weights(Synth *s, const char *outdir, DsError *err)
 
         size_t layer_linears = is_deepseek(sh) ? deepseek_layer_linears(sh) : 7;
         /* Three tensors per linear, up to one bias each, four norms and a router. */
-        s->tensors = calloc((size_t) sh->n_layers * (layer_linears * 4 + 5) + 3,
-                sizeof(*s->tensors));
+        s->tensors =
+                calloc((size_t) sh->n_layers * (layer_linears * 4 + 5) + 3, sizeof(*s->tensors));
         s->linears = calloc((size_t) sh->n_layers * layer_linears, sizeof(*s->linears));
         if (!s->tensors || !s->linears || asprintf(&path, "%s/model.safetensors", outdir) < 0) {
                 path = NULL;
@@ -640,8 +640,10 @@ static int write_config(
 
         if (!ok)
                 cJSON_Delete(a);
-        ok = ok && cJSON_AddStringToObject(
-                           j, "model_type", qwen2 ? "qwen2" : ds ? "deepseek_v2" : "llama");
+        ok = ok && cJSON_AddStringToObject(j, "model_type",
+                           qwen2 ? "qwen2"
+                           : ds  ? "deepseek_v2"
+                                 : "llama");
         ok = ok && cJSON_AddNumberToObject(j, "hidden_size", sh->hidden);
         ok = ok && cJSON_AddNumberToObject(j, "intermediate_size", sh->intermediate);
         ok = ok && cJSON_AddNumberToObject(j, "num_hidden_layers", sh->n_layers);
