@@ -61,7 +61,7 @@ bool holdback_release(Holdback *h, const char *const *stops, uint32_t n_stops, b
                 emit(userdata, h->buf, cut);
         if (stopped)
                 h->len = 0;
-        else {
+        else if (cut > 0) {
                 memmove(h->buf, h->buf + cut, h->len - cut);
                 h->len -= cut;
         }
