@@ -13,6 +13,7 @@
  * Nothing here logs or does I/O. */
 #pragma once
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,7 +36,7 @@ typedef enum HttpMethod {
         HTTP_HEAD,
         HTTP_POST,
         _HTTP_METHOD_MAX,
-        _HTTP_METHOD_INVALID = -22,
+        _HTTP_METHOD_INVALID = -EINVAL,
 } HttpMethod;
 
 const char *http_method_name(HttpMethod m);
