@@ -9,5 +9,6 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
         gcc libc6-dev meson ninja-build pkg-config xz-utils python3 \
         libcjson-dev libpcre2-dev libutf8proc-dev \
+        libsystemd-dev liburing-dev libnuma-dev dbus dbus-daemon dbus-bin systemd \
         clang libclang-rt-14-dev >/dev/null
 echo "install-deps: build and test dependencies are installed"
