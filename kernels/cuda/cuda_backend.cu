@@ -60,6 +60,7 @@ struct Backend {
         const BkModel *model;
         BkConfig cfg;
         bool eager;
+        bool fp16_copies; /* keep FP16 copies of AWQ weights for the cuBLAS path if they fit */
         int n_sm;
         cudaStream_t st;
         cublasHandle_t blas;
@@ -266,10 +267,11 @@ static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32
         return 0;
 }
 
-static uint32_t gemv_splits(const Backend *b, uint32_t n, uint32_t chunks)
+static uint32_t gemv_splits(const Backend *b, bool awq, uint32_t n, uint32_t chunks)
 {
-        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice. */
-        uint32_t warps = div_up(n, 4), target = (uint32_t) b->n_sm * 32;
+        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice. An AWQ
+         * warp takes 8 columns, a dense one 4. */
+        uint32_t warps = div_up(n, awq ? 8 : 4), target = (uint32_t) b->n_sm * 32;
         uint32_t s = div_up(target, warps);
         uint32_t s_max = MAX(1u, chunks / 32);
         return MIN(MIN(s, s_max), 16u);
@@ -303,7 +305,7 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                                 "cuda backend: %s: AWQ needs in and group size multiples of 32",
                                 what);
                 l->group_size = p0->group_size;
-                l->splits = split ? gemv_splits(b, N, l->in / 32) : 1;
+                l->splits = split ? gemv_splits(b, true, N, l->in / 32) : 1;
                 uint32_t groups = l->in / l->group_size;
                 DALLOC(l->qw, (size_t) N * l->in / 2, what);
                 DALLOC(l->sz, (size_t) groups * N * sizeof(__half2), what);
@@ -316,12 +318,16 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                         r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
                         if (r < 0)
                                 break;
-                        cudaError_t e = cudaMemcpy(stage, p->qweight, qb, cudaMemcpyHostToDevice);
+                        /* On the repack's stream: a pageable copy may return before its DMA
+                         * lands, and our stream does not wait for the legacy one. */
+                        cudaError_t e = cudaMemcpyAsync(stage, p->qweight, qb,
+                                cudaMemcpyHostToDevice, b->st);
                         if (e == cudaSuccess)
-                                e = cudaMemcpy(stage + qb, p->qzeros, zb, cudaMemcpyHostToDevice);
+                                e = cudaMemcpyAsync(stage + qb, p->qzeros, zb,
+                                        cudaMemcpyHostToDevice, b->st);
                         if (e == cudaSuccess)
-                                e = cudaMemcpy(stage + qb + zb, p->scales, sb,
-                                        cudaMemcpyHostToDevice);
+                                e = cudaMemcpyAsync(stage + qb + zb, p->scales, sb,
+                                        cudaMemcpyHostToDevice, b->st);
                         if (e == cudaSuccess) {
                                 cu_awq_repack(b->st, l, (const uint32_t *) stage,
                                         (const uint32_t *) (stage + qb),
@@ -335,7 +341,7 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                 }
         } else {
                 l->kp = (p0->in + 7) / 8 * 8;
-                l->splits = split ? gemv_splits(b, N, l->kp / 8) : 1;
+                l->splits = split ? gemv_splits(b, false, N, l->kp / 8) : 1;
                 DALLOC(l->w, (size_t) N * l->kp * 2, what);
                 if (l->kp != l->in)
                         CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
@@ -367,6 +373,38 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
         }
         free(bias);
         return r;
+}
+
+/* Dequantizes every AWQ linear once into a resident FP16 (N, K) copy that the cuBLAS path
+ * (more than GEMV_MAX_ROWS rows) multiplies directly, instead of dequantizing per step;
+ * only when all of them fit in half of the free memory, so the KV cache keeps room. */
+static int fp16_copies(Backend *b, DsError *err)
+{
+        size_t free_b, total_b, need = 0;
+        CU_TRY(cudaMemGetInfo(&free_b, &total_b), "memory info");
+        for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
+                const CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o,
+                        &b->layers[l].gate_up, &b->layers[l].down};
+                for (size_t i = 0; i < ELEMENTSOF(all); i++)
+                        if (all[i]->awq)
+                                need += (size_t) all[i]->out * all[i]->in * 2;
+        }
+        if (need > free_b / 2)
+                return 0;
+        for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
+                CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o, &b->layers[l].gate_up,
+                        &b->layers[l].down};
+                for (size_t i = 0; i < ELEMENTSOF(all); i++) {
+                        CuLinear *x = all[i];
+                        if (!x->awq)
+                                continue;
+                        DALLOC(x->w, (size_t) x->out * x->in * 2, "FP16 weight copy");
+                        x->kp = x->in;
+                        cu_awq_dequant(b->st, x, x->w);
+                }
+        }
+        CU_TRY(cudaStreamSynchronize(b->st), "FP16 weight copies");
+        return 0;
 }
 
 static int model_check(const BkModel *m, DsError *err)
@@ -549,7 +587,7 @@ static uint32_t linear(Backend *b, const CuLinear *l, const float *x, uint32_t r
         const __half *w = l->w;
         uint32_t ldw = l->kp;
         cu_to_half(b->st, x, b->xh, (size_t) rows * l->in);
-        if (l->awq) {
+        if (l->awq && !l->w) {
                 cu_awq_dequant(b->st, l, b->w16);
                 w = b->w16;
                 ldw = l->in;
@@ -880,7 +918,9 @@ static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
         b = (Backend *) calloc(1, sizeof(*b));
         if (!b)
                 return ds_error(err, -ENOMEM, "cuda backend: out of memory");
-        b->eager = opt && opt->device && !strcmp(opt->device, "eager");
+        const char *dev_opt = opt && opt->device ? opt->device : "";
+        b->eager = strstr(dev_opt, "eager") != NULL;
+        b->fp16_copies = strstr(dev_opt, "int4-only") == NULL;
 
         cudaError_t e = cudaSetDevice(dev);
         if (e == cudaSuccess)
@@ -922,6 +962,10 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
         r = weights_upload(b, model, err);
         if (r == 0)
                 r = scratch_alloc(b, err);
+        if (r == 0 && b->fp16_copies)
+                r = fp16_copies(b, err);
+        if (r == 0)
+                CU_TRY(cudaDeviceSynchronize(), "weight upload");
         if (r < 0) {
                 weights_free(b);
                 return r;
@@ -1098,6 +1142,8 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
                 if (e == cudaSuccess) {
                         uint32_t s = linear(b, &d, xd, rows, yd);
                         e = cudaGetLastError();
+                        if (e == cudaSuccess)
+                                e = cudaStreamSynchronize(b->st);
                         if (e == cudaSuccess)
                                 e = cudaMemcpy(yh, yd, (size_t) s * rows * N * 4,
                                         cudaMemcpyDeviceToHost);

@@ -10,8 +10,9 @@
 extern "C" {
 #endif
 
-/* BkOptions.device: NULL or "" for the default; "eager" runs every step without CUDA
- * graphs (the tests compare the two). */
+/* BkOptions.device: NULL or "" for the defaults, else words: "eager" runs every step
+ * without CUDA graphs (the tests compare the two); "int4-only" keeps no resident FP16 copy
+ * of the AWQ weights for steps of more than 16 rows (they dequantize per step instead). */
 extern const BackendOps backend_cuda_ops;
 
 /* True when the CUDA runtime sees at least one device. */

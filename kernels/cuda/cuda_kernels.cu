@@ -322,9 +322,9 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
  *
  * Layout (k_awq_repack): for each group of 4 output columns, K/32 chunks of four 16-byte
  * units, unit c holding the 32 nibbles of column 4g+c over 32 consecutive k. A warp owns a
- * column group and one K slice: lane l loads unit l of each run of 32, so every load
- * instruction reads 512 contiguous bytes, lane l works on column l%4, and four loads per
- * lane are in flight before any is used. The lanes of a column are reduced by shuffles in
+ * pair of column groups and one K slice: lane l loads unit l of each run of 32 of both,
+ * so every load instruction reads 512 contiguous bytes, lane l works on column l%4 of
+ * each, and eight loads per lane are in flight before any is used. The lanes of a column are reduced by shuffles in
  * a fixed order. */
 
 #define GEMV_WARPS  8
@@ -345,30 +345,40 @@ __device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
         return *reinterpret_cast<__half2 *>(&u);
 }
 
-/* Adds, for each row, x[k..k+8) · (q - z) of one packed word to part (no scale yet). The
- * magic 0x6400 makes fp16 1024 + nibble; subtracting 1024 + z (or scaling the nibble
- * shifted by 4 and subtracting 64 + z) leaves q - z exactly. */
-template <int M>
-__device__ __forceinline__ void awq_word(uint32_t w, __half2 z1024, __half2 z64,
-        const float *x, uint32_t ldx, uint32_t k, float *part)
+/* The 8 values q - z of one packed word, as 4 float pairs (k, k+1). The magic 0x6400
+ * makes fp16 1024 + nibble; subtracting 1024 + z (or scaling the nibble shifted by 4 and
+ * subtracting 64 + z) leaves q - z exactly. */
+__device__ __forceinline__ void awq_dq(uint32_t w, __half2 z1024, __half2 z64, float2 *f)
 {
         const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f);
-        float2 f0 = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
-        float2 f1 = __half22float2(
-                __hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
+        f[0] = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
+        f[1] = __half22float2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
         w >>= 8;
-        float2 f2 = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
-        float2 f3 = __half22float2(
-                __hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
+        f[2] = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
+        f[3] = __half22float2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
+}
+
+/* One word of each of the two column groups a lane works on: x[k..k+8) is loaded once
+ * per row and used for both, which halves the x traffic through L1 per weight byte. */
+template <int M>
+__device__ __forceinline__ void awq_word2(uint32_t wa, uint32_t wb, const __half2 *z,
+        const float *x, uint32_t ldx, uint32_t k, float *pa, float *pb)
+{
+        float2 a[4], b[4];
+        awq_dq(wa, z[0], z[1], a);
+        awq_dq(wb, z[2], z[3], b);
 #pragma unroll
         for (int m = 0; m < M; m++) {
                 const float4 *xp = (const float4 *) (x + (size_t) m * ldx + k);
-                float4 a = __ldg(xp), b = __ldg(xp + 1);
-                part[m] += f0.x * a.x + f0.y * a.y + f1.x * a.z + f1.y * a.w + f2.x * b.x +
-                           f2.y * b.y + f3.x * b.z + f3.y * b.w;
+                float4 u = __ldg(xp), v = __ldg(xp + 1);
+                pa[m] += a[0].x * u.x + a[0].y * u.y + a[1].x * u.z + a[1].y * u.w +
+                         a[2].x * v.x + a[2].y * v.y + a[3].x * v.z + a[3].y * v.w;
+                pb[m] += b[0].x * u.x + b[0].y * u.y + b[1].x * u.z + b[1].y * u.w +
+                         b[2].x * v.x + b[2].y * v.y + b[3].x * v.z + b[3].y * v.w;
         }
 }
 
+/* A warp owns the column groups 2w and 2w+1 (N % 8 == 0 makes them pairs). */
 template <int M>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_awq(const uint4 *__restrict__ qw,
         const __half2 *__restrict__ sz, const float *__restrict__ x, uint32_t ldx,
@@ -376,57 +386,70 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_awq(const uint4 *__res
         uint32_t splits)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t g = blockIdx.x * GEMV_WARPS + warp;
+        uint32_t g = 2 * (blockIdx.x * GEMV_WARPS + warp);
         if (g >= N / 4)
                 return;
         uint32_t kc_n = K / 32, s = blockIdx.y;
         uint32_t c0 = (uint32_t) ((uint64_t) kc_n * s / splits);
         uint32_t c1 = (uint32_t) ((uint64_t) kc_n * (s + 1) / splits);
-        uint32_t col = lane % 4, n = 4 * g + col;
-        const uint4 *wp = qw + (size_t) g * kc_n * 4 + col;
-        float acc[M];
+        uint32_t col = lane % 4, na = 4 * g + col, nb = na + 4;
+        const uint4 *wa = qw + (size_t) g * kc_n * 4 + col;
+        const uint4 *wb = wa + (size_t) kc_n * 4;
+        float acc_a[M], acc_b[M];
 #pragma unroll
         for (int m = 0; m < M; m++)
-                acc[m] = 0.0f;
+                acc_a[m] = acc_b[m] = 0.0f;
 
         for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * GEMV_UNROLL) {
-                uint4 w[GEMV_UNROLL];
+                uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
 #pragma unroll
                 for (int i = 0; i < GEMV_UNROLL; i++)
-                        if (base + 8 * i < c1)
-                                w[i] = ld_stream(wp + (size_t) (base + 8 * i) * 4);
+                        if (base + 8 * i < c1) {
+                                va[i] = ld_stream(wa + (size_t) (base + 8 * i) * 4);
+                                vb[i] = ld_stream(wb + (size_t) (base + 8 * i) * 4);
+                        }
 #pragma unroll
                 for (int i = 0; i < GEMV_UNROLL; i++) {
                         uint32_t kc = base + 8 * i;
                         if (kc >= c1)
                                 break;
-                        __half2 s_z = __ldg(sz + (size_t) (kc * 32 / gs) * N + n);
-                        __half2 zz = __half2half2(__high2half(s_z));
-                        __half2 z1024 = __hadd2(zz, __float2half2_rn(1024.0f));
-                        __half2 z64 = __hneg2(__hadd2(zz, __float2half2_rn(64.0f)));
-                        float part[M];
+                        const __half2 *szr = sz + (size_t) (kc * 32 / gs) * N;
+                        __half2 sa = __ldg(szr + na), sb = __ldg(szr + nb);
+                        __half2 za = __half2half2(__high2half(sa)), zb = __half2half2(__high2half(sb));
+                        __half2 z[4] = {
+                                __hadd2(za, __float2half2_rn(1024.0f)),
+                                __hneg2(__hadd2(za, __float2half2_rn(64.0f))),
+                                __hadd2(zb, __float2half2_rn(1024.0f)),
+                                __hneg2(__hadd2(zb, __float2half2_rn(64.0f))),
+                        };
+                        float pa[M], pb[M];
 #pragma unroll
                         for (int m = 0; m < M; m++)
-                                part[m] = 0.0f;
+                                pa[m] = pb[m] = 0.0f;
                         uint32_t k = kc * 32;
-                        awq_word<M>(w[i].x, z1024, z64, x, ldx, k, part);
-                        awq_word<M>(w[i].y, z1024, z64, x, ldx, k + 8, part);
-                        awq_word<M>(w[i].z, z1024, z64, x, ldx, k + 16, part);
-                        awq_word<M>(w[i].w, z1024, z64, x, ldx, k + 24, part);
-                        float scale = __low2float(s_z);
+                        awq_word2<M>(va[i].x, vb[i].x, z, x, ldx, k, pa, pb);
+                        awq_word2<M>(va[i].y, vb[i].y, z, x, ldx, k + 8, pa, pb);
+                        awq_word2<M>(va[i].z, vb[i].z, z, x, ldx, k + 16, pa, pb);
+                        awq_word2<M>(va[i].w, vb[i].w, z, x, ldx, k + 24, pa, pb);
+                        float scale_a = __low2float(sa), scale_b = __low2float(sb);
 #pragma unroll
-                        for (int m = 0; m < M; m++)
-                                acc[m] += scale * part[m];
+                        for (int m = 0; m < M; m++) {
+                                acc_a[m] += scale_a * pa[m];
+                                acc_b[m] += scale_b * pb[m];
+                        }
                 }
         }
 #pragma unroll
         for (int m = 0; m < M; m++) {
-                float v = acc[m];
-                v += __shfl_xor_sync(0xffffffffu, v, 4);
-                v += __shfl_xor_sync(0xffffffffu, v, 8);
-                v += __shfl_xor_sync(0xffffffffu, v, 16);
-                if (lane < 4)
-                        y[s * slice_stride + (size_t) m * N + n] = v;
+                float a = acc_a[m], b = acc_b[m];
+                for (int o = 4; o < 32; o <<= 1) {
+                        a += __shfl_xor_sync(0xffffffffu, a, o);
+                        b += __shfl_xor_sync(0xffffffffu, b, o);
+                }
+                if (lane < 4) {
+                        y[s * slice_stride + (size_t) m * N + na] = a;
+                        y[s * slice_stride + (size_t) m * N + nb] = b;
+                }
         }
 }
 
@@ -511,8 +534,9 @@ static void gemv_rows(cudaStream_t st, const CuLinear *l, const float *x, uint32
         size_t slice_stride)
 {
         dim3 grid(div_up(div_up(l->out, 4), GEMV_WARPS), l->splits);
+        dim3 grid_awq(div_up(l->out / 8, GEMV_WARPS), l->splits);
         if (l->awq)
-                k_gemv_awq<M><<<grid, GEMV_WARPS * 32, 0, st>>>(l->qw, l->sz, x, ldx, y,
+                k_gemv_awq<M><<<grid_awq, GEMV_WARPS * 32, 0, st>>>(l->qw, l->sz, x, ldx, y,
                         slice_stride, l->in, l->out, l->group_size, l->splits);
         else if (l->in % 4 == 0 && ldx % 4 == 0)
                 k_gemv_dense<M, true><<<grid, GEMV_WARPS * 32, 0, st>>>(

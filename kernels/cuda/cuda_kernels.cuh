@@ -29,7 +29,7 @@ typedef struct CuLinear {
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
         uint4 *qw;           /* awq: (N/4, K/32, 4) 16-byte units, see k_awq_repack */
         __half2 *sz;         /* awq: (K/group_size, N) (scale, zero) */
-        __half *w;           /* dense: (N, kp), zero beyond in */
+        __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
         float *bias;         /* (N) or NULL */
 } CuLinear;
 

@@ -19,6 +19,7 @@
 #define CTX     512
 #define DECODE  24
 #define WARMUP  3
+#define PRIVATE 4 /* blocks of decoded positions per sequence */
 
 static double now_s(void)
 {
@@ -117,15 +118,17 @@ int main(int argc, char **argv)
         const BkConfig *c = &model->bk.cfg;
 
         uint64_t kvt = ops->kv_bytes_per_token(b);
-        uint32_t blocks_per_seq = 2048 / BT + 1;
-        uint64_t n_blocks = (uint64_t) (128 + 1) * blocks_per_seq + 2048 / BT;
+        /* blocks 0..127 for the prompt; each decoding sequence shares its first CTX / BT
+         * and owns PRIVATE more */
+        uint32_t blocks_per_seq = CTX / BT + PRIVATE;
+        uint64_t n_blocks = 2048 / BT + (uint64_t) 128 * PRIVATE;
         CHECK(ops->kv_init(b, BT, n_blocks * BT * kvt, &err) == (int64_t) n_blocks, "%s", err.msg);
 
         int32_t *prompt = calloc(2048, sizeof(int32_t));
-        uint32_t *blocks = calloc((size_t) n_blocks, sizeof(uint32_t));
+        uint32_t *blocks = calloc(2048 / BT, sizeof(uint32_t));
         for (uint32_t i = 0; i < 2048; i++)
                 prompt[i] = (int32_t) ((i * 7919u + 13u) % c->vocab_sample);
-        for (uint32_t i = 0; i < n_blocks; i++)
+        for (uint32_t i = 0; i < 2048 / BT; i++)
                 blocks[i] = i;
 
         /* prefill */
@@ -154,7 +157,7 @@ int main(int argc, char **argv)
         for (uint32_t s = 0; s < 128; s++)
                 for (uint32_t i = 0; i < blocks_per_seq; i++)
                         tables[s * blocks_per_seq + i] =
-                                i < CTX / BT ? i : 2048 / BT + s * blocks_per_seq + i;
+                                i < CTX / BT ? i : 2048 / BT + s * PRIVATE + i - CTX / BT;
         for (size_t k = 0; k < ELEMENTSOF(batches); k++) {
                 uint32_t n = batches[k];
                 BkSeq q[128];
