@@ -47,8 +47,8 @@ typedef struct Ring {
 
 /* Views a ring of a mapped segment whose layout was validated (wire_layout_validate) and
  * whose cursors are still zero: rings are used from the start of a connection only. */
-static inline void ring_init(Ring *r, void *segment, uint32_t ctl_off, uint32_t slots_off,
-        uint32_t n_slots)
+static inline void ring_init(
+        Ring *r, void *segment, uint32_t ctl_off, uint32_t slots_off, uint32_t n_slots)
 {
         r->ctl = (struct ds_wire_ring_ctl *) ((uint8_t *) segment + ctl_off);
         r->slots = (union ds_wire_slot *) ((uint8_t *) segment + slots_off);
@@ -213,8 +213,8 @@ static inline void ring_consumer_end_sleep(Ring *r)
 
 /* Sleeps while *word == expected, at most timeout (NULL: no limit). 0 on a wake-up or a
  * changed word, -ETIMEDOUT, -EINTR. */
-static inline int ring_futex_wait(_Atomic uint32_t *word, uint32_t expected,
-        const struct timespec *timeout)
+static inline int ring_futex_wait(
+        _Atomic uint32_t *word, uint32_t expected, const struct timespec *timeout)
 {
         if (syscall(SYS_futex, word, FUTEX_WAIT, expected, timeout, NULL, 0) < 0)
                 return errno == EAGAIN ? 0 : -errno;

@@ -43,8 +43,7 @@ int wire_welcome_check_version(const struct ds_wire_welcome *w)
         return 0;
 }
 
-int wire_layout_init(uint32_t sub_n, uint32_t cpl_n, uint32_t data_size,
-        struct ds_wire_layout *ret)
+int wire_layout_init(uint32_t sub_n, uint32_t cpl_n, uint32_t data_size, struct ds_wire_layout *ret)
 {
         struct ds_wire_layout l = {};
         uint64_t off;
@@ -85,12 +84,12 @@ int wire_layout_validate(const struct ds_wire_layout *l)
 {
         uint64_t size = l->segment_size;
         Span parts[] = {
-                { 0, sizeof(struct ds_wire_seg_header) },
-                { l->sub_ctl, sizeof(struct ds_wire_ring_ctl) },
-                { l->cpl_ctl, sizeof(struct ds_wire_ring_ctl) },
-                { l->sub_slots, (uint64_t) l->sub_n * DS_WIRE_SLOT_SIZE },
-                { l->cpl_slots, (uint64_t) l->cpl_n * DS_WIRE_SLOT_SIZE },
-                { l->data, l->data_size },
+                {0, sizeof(struct ds_wire_seg_header)},
+                {l->sub_ctl, sizeof(struct ds_wire_ring_ctl)},
+                {l->cpl_ctl, sizeof(struct ds_wire_ring_ctl)},
+                {l->sub_slots, (uint64_t) l->sub_n * DS_WIRE_SLOT_SIZE},
+                {l->cpl_slots, (uint64_t) l->cpl_n * DS_WIRE_SLOT_SIZE},
+                {l->data, l->data_size},
         };
 
         if (size == 0 || size > DS_WIRE_MAX_SEGMENT || size % 4096 != 0)
@@ -257,28 +256,28 @@ int wire_d2c_validate(const union ds_wire_slot *s)
         }
         case DS_WIRE_TEXT:
                 return h->flags == 0 && s->text.len >= 1 && s->text.len <= DS_WIRE_TEXT_INLINE
-                        ? 0
-                        : -EBADMSG;
+                               ? 0
+                               : -EBADMSG;
         case DS_WIRE_LOGPROBS:
                 return h->flags == 0 && s->logprobs.n >= 1 &&
-                                s->logprobs.n <= DS_WIRE_MAX_TOP_LOGPROBS
-                        ? 0
-                        : -EBADMSG;
+                                       s->logprobs.n <= DS_WIRE_MAX_TOP_LOGPROBS
+                               ? 0
+                               : -EBADMSG;
         case DS_WIRE_FINAL:
                 return h->flags == 0 && s->final.finish >= DS_WIRE_FINISH_LENGTH &&
-                                s->final.finish < _DS_WIRE_FINISH_MAX
-                        ? 0
-                        : -EBADMSG;
+                                       s->final.finish < _DS_WIRE_FINISH_MAX
+                               ? 0
+                               : -EBADMSG;
         case DS_WIRE_ERROR:
                 return h->flags == 0 && s->error.code > DS_WIRE_OK &&
-                                s->error.code < _DS_WIRE_ERR_MAX &&
-                                s->error.len <= DS_WIRE_MESSAGE
-                        ? 0
-                        : -EBADMSG;
+                                       s->error.code < _DS_WIRE_ERR_MAX &&
+                                       s->error.len <= DS_WIRE_MESSAGE
+                               ? 0
+                               : -EBADMSG;
         case DS_WIRE_INFO:
                 return h->flags == 0 && s->info.kv_blocks_free <= s->info.kv_blocks_total
-                        ? 0
-                        : -EBADMSG;
+                               ? 0
+                               : -EBADMSG;
         default:
                 return -EPROTO;
         }
@@ -291,8 +290,8 @@ static uint32_t get_u32(const uint8_t *p)
         return v;
 }
 
-int wire_stops_next(const uint8_t *buf, uint32_t len, uint32_t *pos, const uint8_t **ret,
-        uint32_t *ret_len)
+int wire_stops_next(
+        const uint8_t *buf, uint32_t len, uint32_t *pos, const uint8_t **ret, uint32_t *ret_len)
 {
         uint32_t p = *pos, n;
 

@@ -36,23 +36,23 @@ static_assert(sizeof(_Atomic uint32_t) == 4, "a shared cursor is 4 bytes");
  * with status DS_WIRE_ERR_VERSION, its own version and a message (the welcome's first
  * DS_WIRE_WELCOME_STABLE bytes never change between versions, so an old or new client
  * can always read why). Any change to a layout in this file bumps it. */
-#define DS_WIRE_VERSION   1u
+#define DS_WIRE_VERSION 1u
 
 #define DS_WIRE_CACHELINE 64u
 #define DS_WIRE_SLOT_SIZE 256u /* every ring record, whatever its type */
 
 /* Limits a well-formed record respects; the daemon may configure smaller ones. */
-#define DS_WIRE_MAX_SLOTS         65536u            /* per ring, a power of two */
-#define DS_WIRE_MAX_DATA          (256u << 20)      /* data area bytes */
-#define DS_WIRE_MAX_SEGMENT       (512u << 20)      /* whole segment bytes */
-#define DS_WIRE_MAX_FRAME         (DS_WIRE_SLOT_SIZE + (16u << 20)) /* socket frame body */
-#define DS_WIRE_MAX_STOP          16u   /* stop strings per request */
-#define DS_WIRE_MAX_STOP_LEN      256u  /* bytes per stop string */
-#define DS_WIRE_MAX_MESSAGES      1024u /* chat messages per request */
-#define DS_WIRE_MAX_TOP_LOGPROBS  20u   /* top-n alternatives per token */
-#define DS_WIRE_MAX_PIECE         4096u /* text bytes of one token event */
-#define DS_WIRE_MODEL_NAME        128u  /* bytes, NUL-padded */
-#define DS_WIRE_MESSAGE           192u  /* error text bytes, NUL-padded */
+#define DS_WIRE_MAX_SLOTS        65536u                            /* per ring, a power of two */
+#define DS_WIRE_MAX_DATA         (256u << 20)                      /* data area bytes */
+#define DS_WIRE_MAX_SEGMENT      (512u << 20)                      /* whole segment bytes */
+#define DS_WIRE_MAX_FRAME        (DS_WIRE_SLOT_SIZE + (16u << 20)) /* socket frame body */
+#define DS_WIRE_MAX_STOP         16u                               /* stop strings per request */
+#define DS_WIRE_MAX_STOP_LEN     256u                              /* bytes per stop string */
+#define DS_WIRE_MAX_MESSAGES     1024u                             /* chat messages per request */
+#define DS_WIRE_MAX_TOP_LOGPROBS 20u   /* top-n alternatives per token */
+#define DS_WIRE_MAX_PIECE        4096u /* text bytes of one token event */
+#define DS_WIRE_MODEL_NAME       128u  /* bytes, NUL-padded */
+#define DS_WIRE_MESSAGE          192u  /* error text bytes, NUL-padded */
 
 /* Sampling ranges (the daemon's sampler agrees: kernels/sample.c). */
 #define DS_WIRE_MAX_TEMPERATURE 100.0f
@@ -152,9 +152,9 @@ struct ds_wire_layout {
         uint32_t cpl_ctl;      /* struct ds_wire_ring_ctl of the completion ring (d2c) */
         uint32_t sub_slots;    /* sub_n slots of DS_WIRE_SLOT_SIZE */
         uint32_t sub_n;
-        uint32_t cpl_slots;    /* cpl_n slots of DS_WIRE_SLOT_SIZE */
+        uint32_t cpl_slots; /* cpl_n slots of DS_WIRE_SLOT_SIZE */
         uint32_t cpl_n;
-        uint32_t data;         /* the data area, data_size bytes */
+        uint32_t data; /* the data area, data_size bytes */
         uint32_t data_size;
 };
 static_assert(sizeof(struct ds_wire_layout) == 40, "layout");
@@ -172,10 +172,10 @@ struct ds_wire_server_info {
         char model[DS_WIRE_MODEL_NAME]; /* NUL-padded; NUL-terminated when well-formed */
         uint32_t context_length;        /* positions per sequence */
         uint32_t vocab_size;
-        uint64_t kv_bytes_per_token;    /* all layers of one position */
-        uint32_t kv_block_tokens;       /* positions per KV block */
-        uint32_t max_requests;          /* in flight per client */
-        uint32_t max_queue;             /* waiting requests, all clients together */
+        uint64_t kv_bytes_per_token; /* all layers of one position */
+        uint32_t kv_block_tokens;    /* positions per KV block */
+        uint32_t max_requests;       /* in flight per client */
+        uint32_t max_queue;          /* waiting requests, all clients together */
         uint32_t _pad0;
 };
 static_assert(sizeof(struct ds_wire_server_info) == 160, "server_info");
@@ -195,14 +195,14 @@ static_assert(offsetof(struct ds_wire_server_info, max_queue) == 152, "info.maxq
 #define DS_WIRE_RING_FDS 3u
 struct ds_wire_welcome {
         /* The first DS_WIRE_WELCOME_STABLE bytes are the same in every protocol version. */
-        uint32_t magic;                   /* DS_WIRE_MAGIC */
-        uint16_t version;                 /* the daemon's DS_WIRE_VERSION */
-        uint16_t mode;                    /* enum ds_wire_mode granted */
-        uint32_t status;                  /* enum ds_wire_code: 0 or why not */
-        uint32_t n_fds;                   /* DS_WIRE_RING_FDS in ring mode, else 0 */
-        char message[DS_WIRE_MESSAGE];    /* why, when status != 0; NUL-padded */
+        uint32_t magic;                /* DS_WIRE_MAGIC */
+        uint16_t version;              /* the daemon's DS_WIRE_VERSION */
+        uint16_t mode;                 /* enum ds_wire_mode granted */
+        uint32_t status;               /* enum ds_wire_code: 0 or why not */
+        uint32_t n_fds;                /* DS_WIRE_RING_FDS in ring mode, else 0 */
+        char message[DS_WIRE_MESSAGE]; /* why, when status != 0; NUL-padded */
         /* Version-specific from here on. */
-        struct ds_wire_layout layout;     /* ring mode only, else zero */
+        struct ds_wire_layout layout; /* ring mode only, else zero */
         struct ds_wire_server_info info;
 };
 #define DS_WIRE_WELCOME_STABLE 208u
@@ -356,7 +356,7 @@ static_assert(offsetof(struct ds_wire_submit, n_messages) == 84, "submit.n_messa
  * (held back as a possible stop-string prefix, or an unfinished UTF-8 character as
  * U+FFFD); it comes right before the FINAL, never with a LOGPROBS record. */
 #define DS_WIRE_TOKEN_INLINE 216u
-#define DS_WIRE_TOKEN_NONE (-1)
+#define DS_WIRE_TOKEN_NONE   (-1)
 struct ds_wire_token {
         struct ds_wire_hdr hdr;
         int32_t token_id;
@@ -407,7 +407,7 @@ static_assert(offsetof(struct ds_wire_logprobs, top) == 24, "logprobs.top");
  * microseconds measured by the daemon from the moment it read the submission. */
 struct ds_wire_final {
         struct ds_wire_hdr hdr;
-        uint32_t finish;           /* enum ds_wire_finish */
+        uint32_t finish; /* enum ds_wire_finish */
         uint32_t prompt_tokens;
         uint32_t generated_tokens;
         uint32_t _pad0;
@@ -504,8 +504,8 @@ int wire_welcome_validate(const struct ds_wire_welcome *w);
 int wire_layout_validate(const struct ds_wire_layout *l);
 /* Fills a layout for the given slot counts and data size (header, ctl blocks, slots,
  * data, then rounded to 4096). Returns -EINVAL if the result would be invalid. */
-int wire_layout_init(uint32_t sub_n, uint32_t cpl_n, uint32_t data_size,
-        struct ds_wire_layout *ret);
+int wire_layout_init(
+        uint32_t sub_n, uint32_t cpl_n, uint32_t data_size, struct ds_wire_layout *ret);
 
 int wire_sampling_validate(const struct ds_wire_sampling *s);
 /* A c2d record: SUBMIT (refs within data_size, counts and kinds consistent, sampling),
@@ -521,8 +521,8 @@ int wire_stops_validate(const uint8_t *buf, uint32_t len, uint32_t n_stop);
 int wire_chat_validate(const uint8_t *buf, uint32_t len, uint32_t n_messages);
 /* Iterate a validated list: *pos starts at 0; each call yields one entry and returns 1,
  * or 0 at the end. role may be NULL for stop lists. */
-int wire_stops_next(const uint8_t *buf, uint32_t len, uint32_t *pos, const uint8_t **ret,
-        uint32_t *ret_len);
+int wire_stops_next(
+        const uint8_t *buf, uint32_t len, uint32_t *pos, const uint8_t **ret, uint32_t *ret_len);
 int wire_chat_next(const uint8_t *buf, uint32_t len, uint32_t *pos, uint32_t *ret_role,
         const uint8_t **ret, uint32_t *ret_len);
 

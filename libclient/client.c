@@ -52,10 +52,10 @@ static_assert(sizeof(((ds_info *) 0)->model) == DS_WIRE_MODEL_NAME, "model name"
 #define INFO_TIMEOUT_MS    5000
 /* A sleeper wakes at least this often to look for a dead daemon (socket EOF), so that a
  * daemon killed with SIGKILL is noticed within 100 ms. */
-#define SLICE_MS           10
-#define STASH_MAX          16384u
-#define RBUF_SIZE          (64u << 10)
-#define MAX_WELCOME        (64u << 10)
+#define SLICE_MS    10
+#define STASH_MAX   16384u
+#define RBUF_SIZE   (64u << 10)
+#define MAX_WELCOME (64u << 10)
 /* A token's records: itself, its TEXT records, one LOGPROBS. */
 #define GROUP_MAX (2u + (DS_WIRE_MAX_PIECE + DS_WIRE_TEXT_INLINE - 1) / DS_WIRE_TEXT_INLINE)
 
@@ -78,9 +78,9 @@ struct ds_client {
         Ring cpl;     /* we consume */
         uint8_t *data;
         uint32_t data_size;
-        uint64_t data_w;    /* free-running: bytes allocated in the data area */
-        uint64_t data_r;    /* free-running: bytes the daemon has copied out */
-        uint64_t *data_end; /* [sub_n]: data_w after the record at that position */
+        uint64_t data_w;     /* free-running: bytes allocated in the data area */
+        uint64_t data_r;     /* free-running: bytes the daemon has copied out */
+        uint64_t *data_end;  /* [sub_n]: data_w after the record at that position */
         uint32_t n_sleepers; /* threads in FUTEX_WAIT on the completion tail */
         bool armed_fd;       /* consumer_waiting has DS_WIRE_WAKE_FD */
 
@@ -150,7 +150,7 @@ static int fail(ds_client *c, int r)
  * after the welcome, so any readiness at all means that. */
 static bool ring_peer_gone(ds_client *c)
 {
-        struct pollfd p = { .fd = c->sock, .events = POLLIN | POLLRDHUP };
+        struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
         return poll(&p, 1, 0) > 0;
 }
 
@@ -386,8 +386,8 @@ static int take_event(ds_client *c, ds_event *ev)
  * (sleep only on 0); lowering needs no fence. */
 static int64_t update_waiting(ds_client *c, uint32_t *ret_tail)
 {
-        uint32_t how = (c->n_sleepers ? DS_WIRE_WAKE_FUTEX : 0) |
-                (c->armed_fd ? DS_WIRE_WAKE_FD : 0);
+        uint32_t how =
+                (c->n_sleepers ? DS_WIRE_WAKE_FUTEX : 0) | (c->armed_fd ? DS_WIRE_WAKE_FD : 0);
         uint32_t tail;
 
         if (how == 0) {
@@ -421,8 +421,8 @@ static int send_all(int fd, const void *buf, size_t len)
 
 /* Receives exactly len bytes before deadline, collecting SCM_RIGHTS fds into fds[] (at
  * most max_fds; more is -EPROTO, after closing them all). */
-static int recv_all(int fd, void *buf, size_t len, uint64_t deadline, int *fds,
-        uint32_t *n_fds, uint32_t max_fds)
+static int recv_all(int fd, void *buf, size_t len, uint64_t deadline, int *fds, uint32_t *n_fds,
+        uint32_t max_fds)
 {
         uint8_t *p = buf;
 
@@ -431,14 +431,14 @@ static int recv_all(int fd, void *buf, size_t len, uint64_t deadline, int *fds,
                         struct cmsghdr align;
                         uint8_t buf[CMSG_SPACE(8 * sizeof(int))];
                 } cbuf;
-                struct iovec iov = { .iov_base = p, .iov_len = len };
+                struct iovec iov = {.iov_base = p, .iov_len = len};
                 struct msghdr msg = {
                         .msg_iov = &iov,
                         .msg_iovlen = 1,
                         .msg_control = cbuf.buf,
                         .msg_controllen = sizeof(cbuf.buf),
                 };
-                struct pollfd pfd = { .fd = fd, .events = POLLIN };
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
                 int ms = wait_ms(deadline, INT32_MAX);
                 ssize_t n;
                 int r = 0;
@@ -520,7 +520,7 @@ static int map_segment(ds_client *c, const struct ds_wire_welcome *w, int memfd)
 
 static int epoll_add(int epfd, int fd, uint32_t events)
 {
-        struct epoll_event e = { .events = events, .data.fd = fd };
+        struct epoll_event e = {.events = events, .data.fd = fd};
         return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e) < 0 ? -errno : 0;
 }
 
@@ -529,7 +529,7 @@ static int epoll_add(int epfd, int fd, uint32_t events)
  * or mapping failed). */
 static int connect_mode(const char *path, uint32_t mode, ds_client **ret, bool *ret_retry)
 {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
         struct ds_wire_hello hello = {
                 .magic = DS_WIRE_MAGIC,
                 .version = DS_WIRE_VERSION,
@@ -539,7 +539,7 @@ static int connect_mode(const char *path, uint32_t mode, ds_client **ret, bool *
         struct ds_wire_welcome w = {};
         uint8_t frame[DS_WIRE_FRAME_HDR + sizeof(hello)];
         uint64_t deadline = now_ms() + CONNECT_TIMEOUT_MS;
-        int fds[DS_WIRE_RING_FDS] = { -1, -1, -1 };
+        int fds[DS_WIRE_RING_FDS] = {-1, -1, -1};
         uint32_t n_fds = 0, len;
         ds_client *c;
         int r;
@@ -592,8 +592,8 @@ static int connect_mode(const char *path, uint32_t mode, ds_client **ret, bool *
                         set_message(w.message, sizeof(w.message));
                 else
                         snprintf(connect_message, sizeof(connect_message),
-                                "the daemon speaks protocol version %u, this library %u",
-                                w.version, DS_WIRE_VERSION);
+                                "the daemon speaks protocol version %u, this library %u", w.version,
+                                DS_WIRE_VERSION);
                 r = -DS_ERR_VERSION;
                 goto fail;
         }
@@ -723,14 +723,15 @@ DS_PUBLIC void ds_request_init(ds_request *req)
 {
         if (!req)
                 return;
-        *req = (ds_request) {
+        *req = (ds_request){
                 .kind = DS_PROMPT_TEXT,
                 .text = "",
-                .sampling = {
-                        .temperature = 1.0f,
-                        .top_p = 1.0f,
-                        .repetition_penalty = 1.0f,
-                },
+                .sampling =
+                        {
+                                .temperature = 1.0f,
+                                .top_p = 1.0f,
+                                .repetition_penalty = 1.0f,
+                        },
         };
 }
 
@@ -844,8 +845,8 @@ static void submit_record(const ds_request *req, uint64_t id, uint32_t base, uin
         memcpy(&s->sampling, &req->sampling, sizeof(s->sampling));
         s->max_tokens = req->max_tokens;
         s->top_logprobs = req->top_logprobs;
-        s->prompt = (struct ds_wire_ref) { base, prompt };
-        s->stop = (struct ds_wire_ref) { stop ? base + prompt : 0, stop };
+        s->prompt = (struct ds_wire_ref){base, prompt};
+        s->stop = (struct ds_wire_ref){stop ? base + prompt : 0, stop};
         s->n_stop = (uint32_t) req->n_stop;
         s->n_messages = req->kind == DS_PROMPT_CHAT ? (uint32_t) req->n_messages : 0;
 }
@@ -891,7 +892,7 @@ static int wait_for_space(ds_client *c)
                 return -EPROTO;
         if (space == 0) {
                 uint32_t head = c->sub.local - c->sub.n_slots;
-                struct timespec ts = { 0, SLICE_MS * 1000000L };
+                struct timespec ts = {0, SLICE_MS * 1000000L};
 
                 pthread_mutex_unlock(&c->lock);
                 ring_futex_wait(&c->sub.ctl->head, head, &ts);
@@ -899,7 +900,7 @@ static int wait_for_space(ds_client *c)
         } else {
                 /* Slots are free but the data area is full: its bytes come back as the
                  * daemon consumes records, which it does without waiting on us. */
-                struct timespec ts = { 0, 1000000L };
+                struct timespec ts = {0, 1000000L};
                 pthread_mutex_unlock(&c->lock);
                 nanosleep(&ts, NULL);
                 pthread_mutex_lock(&c->lock);
@@ -908,8 +909,8 @@ static int wait_for_space(ds_client *c)
         return ring_peer_gone(c) ? -ECONNRESET : 0;
 }
 
-static int submit_ring(ds_client *c, const ds_request *req, uint64_t id, uint32_t prompt,
-        uint32_t stop)
+static int submit_ring(
+        ds_client *c, const ds_request *req, uint64_t id, uint32_t prompt, uint32_t stop)
 {
         union ds_wire_slot rec;
         uint32_t off;
@@ -945,8 +946,8 @@ static int submit_ring(ds_client *c, const ds_request *req, uint64_t id, uint32_
         return 0;
 }
 
-static int send_record(ds_client *c, const union ds_wire_slot *rec, const ds_request *req,
-        uint32_t data_len)
+static int send_record(
+        ds_client *c, const union ds_wire_slot *rec, const ds_request *req, uint32_t data_len)
 {
         uint32_t len = DS_WIRE_SLOT_SIZE + data_len;
         uint8_t *frame;
@@ -1003,7 +1004,7 @@ out:
 /* Sends a header-only record (CANCEL, INFO_REQ). Called with the lock held. */
 static int send_simple(ds_client *c, uint16_t type, uint64_t id)
 {
-        union ds_wire_slot rec = { .hdr = { .type = type, .request_id = id } };
+        union ds_wire_slot rec = {.hdr = {.type = type, .request_id = id}};
         int r;
 
         if (c->dead)
@@ -1046,7 +1047,7 @@ static int wait_input(ds_client *c, uint64_t deadline)
         int r;
 
         if (c->mode != DS_WIRE_MODE_RING) {
-                struct pollfd p = { .fd = c->sock, .events = POLLIN | POLLRDHUP };
+                struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
 
                 pthread_mutex_unlock(&c->lock);
                 r = poll(&p, 1, ms);
@@ -1060,7 +1061,7 @@ static int wait_input(ds_client *c, uint64_t deadline)
         c->n_sleepers++;
         int64_t n = update_waiting(c, &tail);
         if (n == 0 && ms > 0) {
-                struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+                struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
 
                 pthread_mutex_unlock(&c->lock);
                 ring_futex_wait(&c->cpl.ctl->tail, tail, &ts);
@@ -1285,8 +1286,7 @@ DS_PUBLIC const char *ds_strerror(int code)
 
 /* ---- test support (libclient/dsclient-debug.h, not installed) ---- */
 
-DS_PUBLIC int ds_debug_segment(ds_client *c, void **ret_addr, size_t *ret_size,
-        int *ret_doorbell)
+DS_PUBLIC int ds_debug_segment(ds_client *c, void **ret_addr, size_t *ret_size, int *ret_doorbell)
 {
         if (!c || !ret_addr || !ret_size || !ret_doorbell)
                 return -EINVAL;

@@ -14,8 +14,7 @@ extern "C" {
 
 /* The mapped segment of a ring-mode connection (its address and size) and the doorbell
  * eventfd, all still owned by c. Returns 0, -EINVAL, or -EOPNOTSUPP in socket mode. */
-DS_PUBLIC int ds_debug_segment(ds_client *c, void **ret_addr, size_t *ret_size,
-        int *ret_doorbell);
+DS_PUBLIC int ds_debug_segment(ds_client *c, void **ret_addr, size_t *ret_size, int *ret_doorbell);
 
 #ifdef __cplusplus
 }

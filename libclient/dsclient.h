@@ -105,12 +105,12 @@ typedef struct ds_sampling {
         uint64_t seed;            /* the same seed and request give the same tokens */
 } ds_sampling;
 
-#define DS_MAX_STOP          16   /* stop strings per request */
-#define DS_MAX_STOP_LEN      256  /* bytes per stop string */
-#define DS_MAX_MESSAGES      1024 /* chat messages per request */
-#define DS_MAX_TOP_LOGPROBS  20
-#define DS_MAX_PIECE         4096 /* text bytes of one token event */
-#define DS_MAX_MESSAGE       192  /* bytes of an error message */
+#define DS_MAX_STOP         16   /* stop strings per request */
+#define DS_MAX_STOP_LEN     256  /* bytes per stop string */
+#define DS_MAX_MESSAGES     1024 /* chat messages per request */
+#define DS_MAX_TOP_LOGPROBS 20
+#define DS_MAX_PIECE        4096 /* text bytes of one token event */
+#define DS_MAX_MESSAGE      192  /* bytes of an error message */
 
 typedef struct ds_request {
         uint32_t kind; /* DS_PROMPT_* */
@@ -191,9 +191,9 @@ typedef struct ds_event {
          * request released (held back as a possible stop-string prefix): it comes right
          * before the request's DS_EVENT_FINAL. */
         int32_t token_id;
-        float logprob;  /* of token_id, when top_logprobs was asked for; else 0 */
+        float logprob; /* of token_id, when top_logprobs was asked for; else 0 */
         uint32_t text_len;
-        uint32_t n_top; /* entries of top[], best first */
+        uint32_t n_top;              /* entries of top[], best first */
         char text[DS_MAX_PIECE + 1]; /* NUL-terminated; may contain other NULs */
         ds_logprob top[DS_MAX_TOP_LOGPROBS];
 
@@ -235,8 +235,8 @@ enum {
 };
 
 typedef struct ds_info {
-        char model[128];             /* the model's name, NUL-terminated */
-        uint32_t context_length;     /* positions per sequence */
+        char model[128];         /* the model's name, NUL-terminated */
+        uint32_t context_length; /* positions per sequence */
         uint32_t vocab_size;
         uint64_t kv_bytes_per_token; /* KV cache bytes per position, all layers */
         uint32_t kv_block_tokens;    /* positions per KV block */

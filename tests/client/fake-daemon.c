@@ -131,8 +131,12 @@ static bool handle(Conn *c, const union ds_wire_slot *rec, const uint8_t *data)
                 memset(g, 0, sizeof(g[0]));
                 g[0].hdr.type = DS_WIRE_INFO;
                 g[0].hdr.request_id = rec->hdr.request_id;
-                g[0].info = (struct ds_wire_info) { .hdr = g[0].hdr, .active = 1, .queued = 2,
-                        .clients = 3, .kv_blocks_total = 100, .kv_blocks_free = 40 };
+                g[0].info = (struct ds_wire_info){.hdr = g[0].hdr,
+                        .active = 1,
+                        .queued = 2,
+                        .clients = 3,
+                        .kv_blocks_total = 100,
+                        .kv_blocks_free = 40};
                 return emit(c, g, 1);
         }
         if (rec->hdr.type == DS_WIRE_CANCEL) {
@@ -196,7 +200,7 @@ static bool handle(Conn *c, const union ds_wire_slot *rec, const uint8_t *data)
                         g[n].logprobs.n = sub->top_logprobs;
                         for (uint32_t k = 0; k < sub->top_logprobs; k++)
                                 g[n].logprobs.top[k] =
-                                        (struct ds_wire_top) { (int32_t) k, -(float) k };
+                                        (struct ds_wire_top){(int32_t) k, -(float) k};
                         n++;
                 }
                 g[0].hdr.n_follow = n - 1;
@@ -212,8 +216,8 @@ static bool serve_ring(Conn *c)
         static uint8_t data[DS_WIRE_DEFAULT_DATA];
 
         for (;;) {
-                struct pollfd p[2] = { { .fd = c->doorbell, .events = POLLIN },
-                        { .fd = c->sock, .events = POLLIN } };
+                struct pollfd p[2] = {
+                        {.fd = c->doorbell, .events = POLLIN}, {.fd = c->sock, .events = POLLIN}};
                 uint32_t tail;
 
                 /* Sleep only when the ring is empty after raising our flag. */
@@ -243,8 +247,8 @@ static bool serve_ring(Conn *c)
                                         s->prompt.len);
                                 memcpy(data + s->stop.off, c->seg + c->l.data + s->stop.off,
                                         s->stop.len);
-                                if (wire_stops_validate(data + s->stop.off, s->stop.len,
-                                            s->n_stop) < 0)
+                                if (wire_stops_validate(
+                                            data + s->stop.off, s->stop.len, s->n_stop) < 0)
                                         return false;
                         }
                         ring_consume(&c->sub, 1);
@@ -285,8 +289,8 @@ static void send_welcome(int sock, const struct ds_wire_welcome *w, const int *f
                 uint8_t b[CMSG_SPACE(3 * sizeof(int))];
         } cbuf = {};
         uint32_t len = sizeof(*w);
-        struct iovec iov = { buf, sizeof(buf) };
-        struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+        struct iovec iov = {buf, sizeof(buf)};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
 
         memcpy(buf, &len, 4);
         memcpy(buf + 4, w, sizeof(*w));
@@ -306,8 +310,8 @@ static void send_welcome(int sock, const struct ds_wire_welcome *w, const int *f
 static void serve_one(int sock, int behaviour)
 {
         struct ds_wire_hello h;
-        struct ds_wire_welcome w = { .magic = DS_WIRE_MAGIC, .version = DS_WIRE_VERSION };
-        Conn c = { .sock = sock, .doorbell = -1, .notify = -1 };
+        struct ds_wire_welcome w = {.magic = DS_WIRE_MAGIC, .version = DS_WIRE_VERSION};
+        Conn c = {.sock = sock, .doorbell = -1, .notify = -1};
         uint32_t len;
 
         if (!read_all(sock, &len, 4) || len != sizeof(h) || !read_all(sock, &h, sizeof(h)))
@@ -360,7 +364,7 @@ static void serve_one(int sock, int behaviour)
                 die("eventfd");
         w.n_fds = DS_WIRE_RING_FDS;
         w.layout = c.l;
-        int fds[3] = { memfd, c.doorbell, c.notify };
+        int fds[3] = {memfd, c.doorbell, c.notify};
         send_welcome(sock, &w, fds, 3);
         close(memfd);
         serve_ring(&c);
@@ -371,7 +375,7 @@ static void serve_one(int sock, int behaviour)
 
 pid_t fake_daemon_start(const char *path, int behaviour)
 {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
         unlink(path);

@@ -66,8 +66,7 @@ static void expect_text(ds_client *c, uint64_t id, const char *want, uint32_t wa
         }
         got[n] = 0;
         CHECK(strcmp(got, want) == 0, "text '%s', want '%s'", got, want);
-        CHECK(ev.finish == DS_FINISH_LENGTH && ev.generated_tokens == want_gen &&
-                        ev.total_us == 3,
+        CHECK(ev.finish == DS_FINISH_LENGTH && ev.generated_tokens == want_gen && ev.total_us == 3,
                 "final %u %u", ev.finish, ev.generated_tokens);
 }
 
@@ -127,7 +126,7 @@ static void test_session(const char *path, uint32_t flags, uint32_t want_mode)
         /* ds_fd(): armed by a ds_next() that found nothing, readable once an event comes. */
         CHECK(ds_next(c, 0, &ev) == 0, "empty");
         a = submit_text(c, "fd", 0);
-        struct pollfd p = { .fd = ds_fd(c), .events = POLLIN };
+        struct pollfd p = {.fd = ds_fd(c), .events = POLLIN};
         CHECK(poll(&p, 1, 5000) == 1, "ds_fd readable");
         int n = 0;
         for (uint64_t end = now_ms() + 5000; n < 3 && now_ms() < end;) {
@@ -156,7 +155,7 @@ static void test_session(const char *path, uint32_t flags, uint32_t want_mode)
         req.text_len = 0;
         CHECK(ds_submit(c, &req, &id) == -EINVAL, "empty text");
         req.text_len = 1;
-        const char *stops[] = { "" };
+        const char *stops[] = {""};
         req.stop = stops;
         req.n_stop = 1;
         CHECK(ds_submit(c, &req, &id) == -EINVAL, "empty stop string");
@@ -211,9 +210,12 @@ static void test_killed(const char *path, uint32_t flags)
         CHECK(r == -ECONNRESET, "ds_next after SIGKILL: %d %s", r, ds_strerror(r));
         CHECK(returned_at - killed_at < 100, "noticed after %llu ms",
                 (unsigned long long) (returned_at - killed_at));
-        CHECK(ds_submit(c, &(ds_request) { .kind = DS_PROMPT_TEXT, .text = "x", .text_len = 1,
-                                  .sampling = { .top_p = 1, .repetition_penalty = 1 } },
-                      &(uint64_t) { 0 }) == -ECONNRESET,
+        CHECK(ds_submit(c,
+                      &(ds_request){.kind = DS_PROMPT_TEXT,
+                              .text = "x",
+                              .text_len = 1,
+                              .sampling = {.top_p = 1, .repetition_penalty = 1}},
+                      &(uint64_t){0}) == -ECONNRESET,
                 "submit after death");
         waitpid(victim, NULL, 0);
         ds_close(c);

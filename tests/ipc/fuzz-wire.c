@@ -69,10 +69,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2: {
                 struct ds_wire_welcome w = {};
                 memcpy(&w, data, size < sizeof(w) ? size : sizeof(w));
-                if (wire_welcome_validate(&w) == 0 && w.status == 0 && w.mode == DS_WIRE_MODE_RING) {
+                if (wire_welcome_validate(&w) == 0 && w.status == 0 &&
+                        w.mode == DS_WIRE_MODE_RING) {
                         struct ds_wire_layout l;
-                        (void) wire_layout_init(w.layout.sub_n, w.layout.cpl_n,
-                                w.layout.data_size, &l);
+                        (void) wire_layout_init(
+                                w.layout.sub_n, w.layout.cpl_n, w.layout.data_size, &l);
                 }
                 break;
         }

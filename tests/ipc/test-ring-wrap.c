@@ -38,7 +38,7 @@ int main(void)
 
         /* Start just below the wrap, push and pop 3 * N records one at a time, and in
          * bursts that fill the ring completely. */
-        uint32_t starts[] = { 0, UINT32_MAX - 2, UINT32_MAX - N, UINT32_MAX, 0x80000000u - 1 };
+        uint32_t starts[] = {0, UINT32_MAX - 2, UINT32_MAX - N, UINT32_MAX, 0x80000000u - 1};
         for (size_t k = 0; k < sizeof(starts) / sizeof(starts[0]); k++) {
                 uint64_t next_push = 1, next_pop = 1;
 

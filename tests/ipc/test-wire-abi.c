@@ -41,7 +41,8 @@ int main(void)
 
         /* The default layout is valid, cache-line aligned and page-rounded. */
         CHECK(wire_layout_init(DS_WIRE_DEFAULT_SUB_SLOTS, DS_WIRE_DEFAULT_CPL_SLOTS,
-                      DS_WIRE_DEFAULT_DATA, &l) == 0, "default layout");
+                      DS_WIRE_DEFAULT_DATA, &l) == 0,
+                "default layout");
         CHECK(wire_layout_validate(&l) == 0, "default layout valid");
         CHECK(l.segment_size % 4096 == 0, "page-rounded");
         CHECK(l.sub_ctl == 64 && l.cpl_ctl == 320 && l.sub_slots == 576, "offsets %u %u %u",

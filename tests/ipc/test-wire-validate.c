@@ -19,11 +19,11 @@ static union ds_wire_slot good_submit(void)
         s.hdr.type = DS_WIRE_SUBMIT;
         s.hdr.flags = DS_WIRE_SUBMIT_TEXT;
         s.hdr.request_id = 1;
-        s.submit.sampling = (struct ds_wire_sampling) {
-                .temperature = 0.7f, .top_p = 0.9f, .repetition_penalty = 1.0f };
+        s.submit.sampling = (struct ds_wire_sampling){
+                .temperature = 0.7f, .top_p = 0.9f, .repetition_penalty = 1.0f};
         s.submit.max_tokens = 16;
-        s.submit.prompt = (struct ds_wire_ref) { 0, 100 };
-        s.submit.stop = (struct ds_wire_ref) { 100, 10 };
+        s.submit.prompt = (struct ds_wire_ref){0, 100};
+        s.submit.stop = (struct ds_wire_ref){100, 10};
         s.submit.n_stop = 2;
         return s;
 }
@@ -51,9 +51,9 @@ static void test_submit_rejects(void)
         REJECT(s.submit.prompt.off = UINT32_MAX, -EBADMSG);
         REJECT(s.submit.prompt.off = UINT32_MAX - 50, -EBADMSG);
         REJECT(s.submit.prompt.len = UINT32_MAX, -EBADMSG);
-        REJECT((s.submit.prompt = (struct ds_wire_ref) { 0x80000000u, 0x80000000u }), -EBADMSG);
-        REJECT((s.submit.prompt = (struct ds_wire_ref) { DATA - 99, 100 }), -EBADMSG);
-        REJECT((s.submit.prompt = (struct ds_wire_ref) { DATA, 1 }), -EBADMSG);
+        REJECT((s.submit.prompt = (struct ds_wire_ref){0x80000000u, 0x80000000u}), -EBADMSG);
+        REJECT((s.submit.prompt = (struct ds_wire_ref){DATA - 99, 100}), -EBADMSG);
+        REJECT((s.submit.prompt = (struct ds_wire_ref){DATA, 1}), -EBADMSG);
         REJECT(s.submit.prompt.len = 0, -EBADMSG);
         REJECT(s.submit.stop.off = UINT32_MAX - 5, -EBADMSG);
         REJECT(s.submit.stop.len = UINT32_MAX, -EBADMSG);
@@ -61,15 +61,15 @@ static void test_submit_rejects(void)
         REJECT(s.submit.n_stop = 0, -EBADMSG);
         REJECT(s.submit.n_stop = DS_WIRE_MAX_STOP + 1, -EBADMSG);
         REJECT(s.submit.n_stop = 3, -EBADMSG); /* 10 bytes cannot hold 3 entries */
-        REJECT((s.submit.stop = (struct ds_wire_ref) { 100, 0 }), -EBADMSG);
+        REJECT((s.submit.stop = (struct ds_wire_ref){100, 0}), -EBADMSG);
         REJECT(s.submit.top_logprobs = DS_WIRE_MAX_TOP_LOGPROBS + 1, -EBADMSG);
         REJECT(s.submit.top_logprobs = UINT32_MAX, -EBADMSG);
         REJECT(s.submit.n_messages = 1, -EBADMSG); /* TEXT has no messages */
         REJECT((s.hdr.flags = DS_WIRE_SUBMIT_IDS, s.submit.prompt.len = 6), -EBADMSG);
         REJECT((s.hdr.flags = DS_WIRE_SUBMIT_CHAT, s.submit.n_messages = 0), -EBADMSG);
         REJECT((s.hdr.flags = DS_WIRE_SUBMIT_CHAT, s.submit.n_messages = 13), -EBADMSG);
-        REJECT((s.hdr.flags = DS_WIRE_SUBMIT_CHAT,
-                       s.submit.n_messages = DS_WIRE_MAX_MESSAGES + 1, s.submit.prompt.len = 4000),
+        REJECT((s.hdr.flags = DS_WIRE_SUBMIT_CHAT, s.submit.n_messages = DS_WIRE_MAX_MESSAGES + 1,
+                       s.submit.prompt.len = 4000),
                 -EBADMSG);
         /* Sampling: NaN, infinities, out of range, padding. */
         REJECT(s.submit.sampling.temperature = NAN, -ERANGE);
@@ -93,7 +93,7 @@ static void test_submit(void)
 
         CHECK(wire_c2d_validate(&s, DATA) == 0, "good submit");
         /* The span may end exactly at the end of the data area. */
-        s.submit.prompt = (struct ds_wire_ref) { DATA - 100, 100 };
+        s.submit.prompt = (struct ds_wire_ref){DATA - 100, 100};
         CHECK(wire_c2d_validate(&s, DATA) == 0, "span at the end");
 
         test_submit_rejects();
@@ -248,13 +248,13 @@ static void test_d2c(void)
 static void test_handshake(void)
 {
         struct ds_wire_hello h = {
-                .magic = DS_WIRE_MAGIC, .version = DS_WIRE_VERSION, .mode = DS_WIRE_MODE_RING };
+                .magic = DS_WIRE_MAGIC, .version = DS_WIRE_VERSION, .mode = DS_WIRE_MODE_RING};
         struct ds_wire_welcome w = {
                 .magic = DS_WIRE_MAGIC,
                 .version = DS_WIRE_VERSION,
                 .mode = DS_WIRE_MODE_RING,
                 .n_fds = DS_WIRE_RING_FDS,
-                .info = { .model = "m", .context_length = 512, .vocab_size = 32000 },
+                .info = {.model = "m", .context_length = 512, .vocab_size = 32000},
         };
         struct ds_wire_layout *l = &w.layout;
 

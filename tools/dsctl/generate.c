@@ -53,8 +53,9 @@ static int parse_u64(const char *opt, const char *s, uint64_t max, uint64_t *ret
         errno = 0;
         unsigned long long v = strtoull(s, &end, 10);
         if (errno || end == s || *end || s[0] == '-' || v > max) {
-                fprintf(stderr, "dsctl generate: %s wants an integer in [0, %" PRIu64 "], not '%s'\n",
-                        opt, max, s);
+                fprintf(stderr,
+                        "dsctl generate: %s wants an integer in [0, %" PRIu64 "], not '%s'\n", opt,
+                        max, s);
                 return -EINVAL;
         }
         *ret = v;
@@ -65,12 +66,12 @@ static int parse_args(int argc, char **argv)
 {
         enum { OPT_SOCKET = 256, OPT_CHAT, OPT_MAX_TOKENS, OPT_TEMPERATURE, OPT_SEED };
         static const struct option options[] = {
-                { "socket", required_argument, NULL, OPT_SOCKET },
-                { "chat", no_argument, NULL, OPT_CHAT },
-                { "max-tokens", required_argument, NULL, OPT_MAX_TOKENS },
-                { "temperature", required_argument, NULL, OPT_TEMPERATURE },
-                { "seed", required_argument, NULL, OPT_SEED },
-                { "help", no_argument, NULL, 'h' },
+                {"socket", required_argument, NULL, OPT_SOCKET},
+                {"chat", no_argument, NULL, OPT_CHAT},
+                {"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+                {"temperature", required_argument, NULL, OPT_TEMPERATURE},
+                {"seed", required_argument, NULL, OPT_SEED},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
         uint64_t v;
@@ -95,8 +96,9 @@ static int parse_args(int argc, char **argv)
                         errno = 0;
                         float t = strtof(optarg, &end);
                         if (errno || end == optarg || *end || !(t >= 0.0f && t <= 100.0f)) {
-                                fprintf(stderr, "dsctl generate: --temperature wants a number in "
-                                                "[0, 100], not '%s'\n",
+                                fprintf(stderr,
+                                        "dsctl generate: --temperature wants a number in "
+                                        "[0, 100], not '%s'\n",
                                         optarg);
                                 return -EINVAL;
                         }
@@ -160,15 +162,16 @@ int dsctl_generate_main(int argc, char **argv)
         if (r < 0) {
                 const char *why = ds_connect_message();
                 fprintf(stderr, "dsctl generate: Failed to connect to dsd at '%s': %s%s%s\n",
-                        arg_socket ? arg_socket : getenv("DSD_SOCKET") ? getenv("DSD_SOCKET")
-                                                                       : "/run/dsd/dsd.sock",
+                        arg_socket             ? arg_socket
+                        : getenv("DSD_SOCKET") ? getenv("DSD_SOCKET")
+                                               : "/run/dsd/dsd.sock",
                         ds_strerror(r), *why ? ": " : "", why);
                 return r == -ENOENT || r == -ECONNREFUSED ? EXIT_NOT_RUNNING : EXIT_DAEMON;
         }
 
         ds_request_init(&req);
         if (arg_chat) {
-                msg = (ds_message) { .role = DS_ROLE_USER, .content = text };
+                msg = (ds_message){.role = DS_ROLE_USER, .content = text};
                 req.kind = DS_PROMPT_CHAT;
                 req.messages = &msg;
                 req.n_messages = 1;
@@ -209,9 +212,8 @@ int dsctl_generate_main(int argc, char **argv)
                         fprintf(stderr,
                                 "\n[%s: %" PRIu32 " prompt + %" PRIu32 " generated tokens, queue "
                                 "%.1f ms, first token %.1f ms, total %.1f ms]\n",
-                                finish_name(ev->finish), ev->prompt_tokens,
-                                ev->generated_tokens, ev->queue_us / 1e3, ev->ttft_us / 1e3,
-                                ev->total_us / 1e3);
+                                finish_name(ev->finish), ev->prompt_tokens, ev->generated_tokens,
+                                ev->queue_us / 1e3, ev->ttft_us / 1e3, ev->total_us / 1e3);
                         status = EXIT_SUCCESS;
                         goto out;
                 } else {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bus_commands.h"
 #include "generate.h"
 
 static const struct {
@@ -11,9 +12,20 @@ static const struct {
         int (*run)(int argc, char **argv);
         const char *help;
 } verbs[] = {
-        { "generate", dsctl_generate_main,
+        {"generate", dsctl_generate_main,
                 "[--socket PATH] [--chat] [--max-tokens N] [--temperature T] [--seed S] TEXT\n"
-                "        Stream the daemon's answer to TEXT to stdout." },
+                "        Stream the daemon's answer to TEXT to stdout."},
+#if HAVE_BUS_COMMANDS
+        { "status", dsctl_bus_main, "[--system|--user] [--json]\n"
+                "        Show the daemon's state, model, backend and load (D-Bus)." },
+        { "reload", dsctl_bus_main, "[MODEL]\n"
+                "        Re-read /etc/dsd/dsd.json, or switch to the model directory MODEL." },
+        { "drain", dsctl_bus_main, "\n        Stop admitting requests; running ones finish." },
+        { "resume", dsctl_bus_main, "\n        Admit requests again after drain." },
+        { "clients", dsctl_bus_main, "[--json]\n        List the connected clients." },
+        { "stats", dsctl_bus_main, "[--json]\n        Request totals and latency percentiles." },
+        { "cancel", dsctl_bus_main, "ID\n        Cancel a request, or all requests of a client." },
+#endif
 };
 
 static void help(FILE *f)
@@ -37,6 +49,11 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof(verbs) / sizeof(verbs[0]); i++)
                 if (!strcmp(argv[1], verbs[i].name))
                         return verbs[i].run(argc - 1, argv + 1);
+#if HAVE_BUS_COMMANDS
+        /* "dsctl --user status": options before a bus verb. */
+        if (argv[1][0] == '-')
+                return dsctl_bus_main(argc - 1, argv + 1);
+#endif
         fprintf(stderr, "dsctl: unknown command '%s' (try 'dsctl --help')\n", argv[1]);
         return 2;
 }
