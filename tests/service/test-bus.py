@@ -10,7 +10,7 @@ caller outside root/the daemon's uid/the admin group gets AccessDenied, one in t
 group gets through (needs root to run callers under another uid; skipped with a reason
 otherwise).
 
-Usage: test-bus.py FAKE_DAEMON DSCTL_BUS
+Usage: test-bus.py FAKE_DAEMON DSCTL
 """
 import json
 import os
@@ -245,7 +245,7 @@ try:
         return subprocess.run([DSCTL] + list(args), capture_output=True, text=True, env=env,
                               timeout=30)
 
-    r = dsctl("status", "--json")
+    r = dsctl("--user", "status", "--json")
     st = json.loads(r.stdout) if r.returncode == 0 else {}
     check(st.get("State") == "ready" and st.get("Model") == "/models/b"
           and st.get("KVBlocksFree") == 100, f"dsctl status --json: {r.stdout} {r.stderr}")
@@ -281,7 +281,8 @@ try:
     check(r.returncode == 2 and "/nonexistent/fail" in r.stderr, f"dsctl reload missing dir: {r.stderr}")
     for args, why in [(["cancel"], "cancel without id"), (["cancel", "x"], "bad id"),
                       (["drain", "--json"], "--json on drain"), (["status", "extra"], "extra"),
-                      (["status", "--frob"], "unknown option")]:
+                      (["status", "--frob"], "unknown option"), (["--json"], "no command"),
+                      (["frob"], "unknown command")]:
         r = dsctl(*args)
         check(r.returncode == 2, f"dsctl {' '.join(args)} ({why}) should exit 2: {r.returncode}")
 

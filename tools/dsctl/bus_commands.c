@@ -422,17 +422,24 @@ int dsctl_bus_main(int argc, char **argv)
                 {},
         };
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
-        size_t v;
+        _cleanup_free_ char **args = NULL;
+        const char *verb;
         int c, r, n_args;
+        size_t v;
 
-        if (argc < 1 || !dsctl_bus_handles(argv[0])) {
+        /* getopt wants a program name first; the verb may come before or after the
+         * options ("status --json", "--user status"), and getopt moves it behind them. */
+        if (argc < 1) {
                 help();
                 return DSCTL_EXIT_USAGE;
         }
-        for (v = 0; strcmp(verbs[v].verb, argv[0]) != 0; v++)
-                ;
+        args = calloc((size_t) argc + 2, sizeof(char *));
+        if (!args)
+                return report_error("out of memory", -ENOMEM, NULL);
+        args[0] = (char *) "dsctl";
+        memcpy(args + 1, argv, (size_t) argc * sizeof(char *));
         optind = 0; /* also resets getopt for a caller that parsed its own options */
-        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc + 1, args, "h", options, NULL)) >= 0) {
                 switch (c) {
                 case 'h':
                         help();
@@ -450,9 +457,18 @@ int dsctl_bus_main(int argc, char **argv)
                         return DSCTL_EXIT_USAGE; /* getopt named the option */
                 }
         }
+        verb = optind <= argc ? args[optind] : NULL;
+        if (!dsctl_bus_handles(verb)) {
+                fprintf(stderr, "dsctl: %s%s%s\n", verb ? "unknown command '" : "no command",
+                        verb ? verb : "", verb ? "'" : "");
+                return DSCTL_EXIT_USAGE;
+        }
+        for (v = 0; strcmp(verbs[v].verb, verb) != 0; v++)
+                ;
         n_args = argc - optind;
+        const char *arg = n_args ? args[optind + 1] : NULL;
         if (n_args < verbs[v].min_args || n_args > verbs[v].max_args) {
-                fprintf(stderr, "dsctl: %s takes %s\n", argv[0],
+                fprintf(stderr, "dsctl: %s takes %s\n", verb,
                         verbs[v].max_args == 0    ? "no arguments" :
                         verbs[v].min_args == 0 ? "at most one argument" :
                                                  "exactly one argument");
@@ -460,25 +476,24 @@ int dsctl_bus_main(int argc, char **argv)
         }
         if (arg_json && !verbs[v].reads) {
                 fprintf(stderr, "dsctl: --json applies to status, clients and stats, not %s\n",
-                        argv[0]);
+                        verb);
                 return DSCTL_EXIT_USAGE;
         }
 
         r = bus_connect(&bus);
         if (r != 0)
                 return r;
-        const char *arg = n_args ? argv[optind] : NULL;
-        if (strcmp(argv[0], "status") == 0)
+        if (strcmp(verb, "status") == 0)
                 return verb_status(bus);
-        if (strcmp(argv[0], "clients") == 0)
+        if (strcmp(verb, "clients") == 0)
                 return verb_clients(bus);
-        if (strcmp(argv[0], "stats") == 0)
+        if (strcmp(verb, "stats") == 0)
                 return verb_stats(bus);
-        if (strcmp(argv[0], "reload") == 0)
+        if (strcmp(verb, "reload") == 0)
                 return verb_call(bus, "Reload", arg);
-        if (strcmp(argv[0], "drain") == 0)
+        if (strcmp(verb, "drain") == 0)
                 return verb_call(bus, "Drain", NULL);
-        if (strcmp(argv[0], "resume") == 0)
+        if (strcmp(verb, "resume") == 0)
                 return verb_call(bus, "Resume", NULL);
         return verb_call(bus, "Cancel", arg);
 }

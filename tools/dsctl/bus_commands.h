@@ -16,8 +16,9 @@ enum {
 /* Whether verb is one of the bus verbs above. */
 bool dsctl_bus_handles(const char *verb);
 
-/* Runs one bus verb. argv[0] is the verb; the options --json (status, clients, stats),
- * --system (the default) and --user, and the verb's arguments may follow in any order.
+/* Runs one bus verb. argv holds the verb, its arguments and the options --json (status,
+ * clients, stats), --system (the default) and --user, in any order: dsctl's main passes
+ * argv + 1 both for "dsctl status --json" and for "dsctl --user status".
  * The environment variable DSD_BUS=session picks the session bus when neither option is
  * given. Returns a DSCTL_EXIT_* code for main() to return. */
 int dsctl_bus_main(int argc, char **argv);
