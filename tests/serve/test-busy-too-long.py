@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""A full queue answers 'busy' at once and an over-long prompt 'prompt too long', each
+with a message naming the limit."""
+import json
+import subprocess
+
+from serve_common import TOOL, Daemon, fail, run, wait_idle
+
+DS_ERR_PROMPT_TOO_LONG = -(8192 + 2)
+
+
+def main(tmp, model):
+    d = Daemon(tmp, model, "--max-batch", "1", "--queue", "2")
+    try:
+        p = subprocess.run([TOOL, "flood", d.sock, "16", "300"], capture_output=True, text=True,
+                           timeout=120)
+        if p.returncode != 0:
+            fail(f"serve-tool flood failed: {p.stderr}")
+        res = json.loads(p.stdout)
+        print(f"flood: {res}")
+        if res["busy"] < 1 or res["finals"] < 1 or res["other"]:
+            fail("expected some finished and some busy requests, nothing else")
+        if "2" not in res["busy_message"]:
+            fail(f"the busy message does not name the queue limit: {res['busy_message']!r}")
+
+        info = d.info()
+        p = subprocess.run([TOOL, "long", d.sock, str(info["context"] + 100)],
+                           capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            fail(f"serve-tool long failed: {p.stderr}")
+        code, msg = p.stdout.strip().split(" ", 1)
+        print(f"long prompt: {code} {msg}")
+        if int(code) != DS_ERR_PROMPT_TOO_LONG or "prompt too long" not in msg or \
+                str(info["context"]) not in msg:
+            fail("the long prompt was not refused as too long with the context limit")
+        info = wait_idle(d)
+        if info["active"] or info["kv_free"] != info["kv_total"]:
+            fail(f"requests or KV blocks are left behind: {info}")
+    finally:
+        rc = d.stop()
+    if rc != 0:
+        fail(f"the daemon exited with {rc}\n{d.text()}")
+    print("ok")
+    return 0
+
+
+run(main)
