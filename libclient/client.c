@@ -78,11 +78,12 @@ struct ds_client {
         Ring cpl;     /* we consume */
         uint8_t *data;
         uint32_t data_size;
-        uint64_t data_w;     /* free-running: bytes allocated in the data area */
-        uint64_t data_r;     /* free-running: bytes the daemon has copied out */
-        uint64_t *data_end;  /* [sub_n]: data_w after the record at that position */
-        uint32_t n_sleepers; /* threads in FUTEX_WAIT on the completion tail */
-        bool armed_fd;       /* consumer_waiting has DS_WIRE_WAKE_FD */
+        uint64_t data_w;          /* free-running: bytes allocated in the data area */
+        uint64_t data_r;          /* free-running: bytes the daemon has copied out */
+        uint64_t *data_end;       /* [sub_n]: data_w after the record at that position */
+        uint32_t n_sleepers;      /* threads in FUTEX_WAIT on the completion tail */
+        bool armed_fd;            /* consumer_waiting has DS_WIRE_WAKE_FD */
+        uint64_t peer_checked_ms; /* when ds_next() last looked for the socket's EOF */
 
         /* socket mode: received bytes, [rpos, rlen) not yet taken */
         uint8_t *rbuf;
@@ -1072,6 +1073,18 @@ static int wait_input(ds_client *c, uint64_t deadline)
         return n < 0 ? (int) n : 0;
 }
 
+/* A client spinning on ds_next(c, 0) must not pay a poll() per call: the socket is looked
+ * at once per slice (and always by a sleeper, in wait_input()). */
+static bool peer_check_due(ds_client *c)
+{
+        uint64_t now = now_ms();
+
+        if (now - c->peer_checked_ms < SLICE_MS)
+                return false;
+        c->peer_checked_ms = now;
+        return true;
+}
+
 DS_PUBLIC int ds_next(ds_client *c, int timeout_ms, ds_event *ret)
 {
         uint64_t deadline;
@@ -1106,7 +1119,7 @@ DS_PUBLIC int ds_next(ds_client *c, int timeout_ms, ds_event *ret)
                         r = c->dead;
                         break;
                 }
-                if (c->mode == DS_WIRE_MODE_RING && ring_peer_gone(c)) {
+                if (c->mode == DS_WIRE_MODE_RING && peer_check_due(c) && ring_peer_gone(c)) {
                         /* Records published before the daemon went are delivered
                          * first; take_event() just found none. */
                         r = fail(c, -ECONNRESET);
