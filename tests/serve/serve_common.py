@@ -47,18 +47,31 @@ class Daemon:
         self.sock = os.path.join(tmp, "dsd.sock")
         self.log_path = os.path.join(tmp, "dsd.log")
         self.log = open(self.log_path, "wb")
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)  # left by a daemon killed earlier in the same test
         self.proc = subprocess.Popen([DSD, "--model", model, "--backend", "cpu",
                                       "--socket", self.sock, "--kv-bytes", str(64 << 20),
                                       *args], stderr=self.log, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
-        while not os.path.exists(self.sock):
+        while not self.listening():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 fail("the daemon did not start:\n" + self.text())
             time.sleep(0.02)
 
+    def listening(self):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(self.sock)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
     def text(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
             return f.read()
 
