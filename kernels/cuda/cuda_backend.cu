@@ -1138,7 +1138,9 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         if (r == 0 && !yh)
                 r = ds_error(err, -ENOMEM, "out of memory");
         if (r == 0) {
-                cudaError_t e = cudaMemcpy(xd, x, rows * K * 4, cudaMemcpyHostToDevice);
+                /* On the kernels' stream: it does not wait for the legacy one. */
+                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
+                        b->st);
                 if (e == cudaSuccess) {
                         uint32_t s = linear(b, &d, xd, rows, yd);
                         e = cudaGetLastError();
