@@ -13,6 +13,7 @@
 
 #include "engine.h"
 #include "engine_loop.h"
+#include "listener.h"
 #include "log.h"
 #include "server.h"
 
@@ -30,6 +31,7 @@ static bool arg_quantize;
 /* Serving. The defaults come from server_options_init() and sched_limits_check(); when
  * the dsd.json configuration lands it fills these before the flags override them. */
 static ServerOptions arg_server;
+static HttpConfig arg_http;
 static SchedLimits arg_limits;
 static uint64_t arg_kv_bytes;
 
@@ -71,6 +73,9 @@ static void help(void)
                "  --allow-uid UID      also allow this uid (repeatable; default root and the\n"
                "                       group dsd, else the daemon's own uid)\n"
                "  --allow-gid GID      also allow this gid (repeatable)\n"
+               "  --http-listen ADDR   OpenAI-compatible HTTP on a Unix path or host:port\n"
+               "                       (host defaults to 127.0.0.1; docs/http.md)\n"
+               "  --http-config JSON   the dsd.json \"http\" object (timeouts, limits, token)\n"
                "  --help, --version\n");
 }
 
@@ -137,7 +142,7 @@ static int parse_argv(int argc, char **argv)
                 ARG_TOP_P, ARG_SEED, ARG_CHAT, ARG_BACKEND, ARG_QUANTIZE, ARG_THREADS,
                 ARG_VERSION, ARG_KV_BYTES, ARG_SOCKET, ARG_MAX_BATCH, ARG_STEP_TOKENS, ARG_QUEUE,
                 ARG_MAX_CLIENTS, ARG_MAX_REQUESTS, ARG_CLIENT_BUFFER, ARG_SLOW_TIMEOUT,
-                ARG_ALLOW_UID, ARG_ALLOW_GID,
+                ARG_ALLOW_UID, ARG_ALLOW_GID, ARG_HTTP_LISTEN, ARG_HTTP_CONFIG,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -164,6 +169,8 @@ static int parse_argv(int argc, char **argv)
                 { "slow-timeout-ms", required_argument, NULL, ARG_SLOW_TIMEOUT },
                 { "allow-uid", required_argument, NULL, ARG_ALLOW_UID },
                 { "allow-gid", required_argument, NULL, ARG_ALLOW_GID },
+                { "http-listen", required_argument, NULL, ARG_HTTP_LISTEN },
+                { "http-config", required_argument, NULL, ARG_HTTP_CONFIG },
                 {}
         };
         uint32_t seed32;
@@ -247,6 +254,23 @@ static int parse_argv(int argc, char **argv)
                         r = parse_id("--allow-gid", optarg, (uint32_t *) arg_server.allow_gids,
                                 &arg_server.n_allow_gids);
                         break;
+                case ARG_HTTP_LISTEN:
+                        if (strlen(optarg) >= sizeof(arg_http.listen)) {
+                                fprintf(stderr, "dsd: --http-listen: too long\n");
+                                return -EINVAL;
+                        }
+                        strcpy(arg_http.listen, optarg);
+                        break;
+                case ARG_HTTP_CONFIG: {
+                        DsError err = {};
+                        cJSON *j = cJSON_Parse(optarg);
+                        r = j ? http_config_parse(j, &arg_http, &err)
+                              : ds_error(&err, -EINVAL, "not valid JSON");
+                        cJSON_Delete(j);
+                        if (r < 0)
+                                fprintf(stderr, "dsd: --http-config: %s\n", err.msg);
+                        break;
+                }
                 default:
                         return -EINVAL; /* getopt named the option */
                 }
@@ -330,6 +354,8 @@ int main(int argc, char **argv)
         int r;
 
         server_options_init(&arg_server);
+        http_config_init(&arg_http);
+        arg_server.http = &arg_http;
         if (parse_argv(argc, argv) < 0)
                 return EXIT_FAILURE;
 

@@ -11,6 +11,7 @@
 #include <sys/un.h>
 
 #include "admit.h"
+#include "listener.h"
 #include "log.h"
 #include "server.h"
 #include "session.h"
@@ -53,6 +54,7 @@ struct Server {
         uint64_t stop_usec;
         bool events_ready;
         SchedEvent events[SERVER_EVENT_BATCH];
+        HttpListener *http; /* NULL when off; its operations share our ring */
 };
 
 /* ---- options ---- */
@@ -237,6 +239,8 @@ static void client_violation(Server *s, Session *c, const char *what, int r)
         char why[256];
 
         s->violations++;
+        if (s->http)
+                metrics_add(http_listener_metrics(s->http), METRIC_CLIENT_VIOLATIONS, 1);
         snprintf(why, sizeof(why), "protocol violation: %s (%s); %llu violations so far", what,
                 strerror(r < 0 ? -r : EPROTO), (unsigned long long) s->violations);
         client_close(s, c, LOG_LVL_WARNING, why);
@@ -747,6 +751,10 @@ static void deliver(Server *s, const SchedEvent *ev)
         bool last = ev->type != SCHED_EV_TOKEN;
         uint32_t n;
 
+        if (http_listener_owns(ev))
+                return http_listener_deliver(s->http, ev);
+        if (s->http)
+                http_listener_account(s->http, ev, &q->last_token_ns);
         if (c->state != SESSION_CLOSED && !q->answered) {
                 switch (ev->type) {
                 case SCHED_EV_TOKEN:
@@ -884,6 +892,7 @@ static void begin_stop(Server *s, const char *why)
         s->stopping = true;
         s->stop_usec = now_usec();
         cancel_op(s, &s->op_accept);
+        http_listener_stop(s->http);
         if (unlink(s->opt.socket_path) < 0 && errno != ENOENT)
                 log_warning_errno(errno, "Failed to remove '%s', ignoring: %m",
                         s->opt.socket_path);
@@ -912,6 +921,8 @@ static void handle_cqe(Server *s, IoOp *op, int res, unsigned flags)
                 s->n_armed--;
                 return;
         }
+        if (op->kind == IO_HTTP)
+                return http_listener_cqe(s->http, op, res, flags);
         /* A multishot accept stays armed while the kernel says more will come. */
         if (!(op->kind == IO_ACCEPT && (flags & IORING_CQE_F_MORE))) {
                 op->armed = false;
@@ -1117,6 +1128,11 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
                 r = arm_notify(s);
         if (r < 0)
                 return ds_error(err, r, "cannot queue the first io_uring operations");
+        if (o->http && o->http->listen[0]) {
+                r = http_listener_new(&s->ring, e, loop, o->http, s->info.model, &s->http, err);
+                if (r < 0)
+                        return r;
+        }
         *ret = TAKE_PTR(s);
         return 0;
 }
@@ -1137,8 +1153,10 @@ Server *server_free(Server *s)
                 cancel_op(s, &s->op_accept);
                 cancel_op(s, &s->op_signal);
                 cancel_op(s, &s->op_notify);
+                http_listener_close_all(s->http);
                 /* Every operation holds a session reference until its completion. */
-                while (s->n_armed > 0 && io_uring_submit_and_wait(&s->ring, 1) >= 0) {
+                while ((s->n_armed > 0 || http_listener_armed(s->http) > 0) &&
+                        io_uring_submit_and_wait(&s->ring, 1) >= 0) {
                         unsigned head, seen = 0;
                         io_uring_for_each_cqe(&s->ring, head, cqe)
                         {
@@ -1149,6 +1167,7 @@ Server *server_free(Server *s)
                 }
                 io_uring_queue_exit(&s->ring);
         }
+        http_listener_free(s->http);
         if (s->listen_fd >= 0) {
                 close(s->listen_fd);
                 if (remove_socket)

@@ -16,6 +16,8 @@
 
 #define SERVER_IDS_MAX 64u
 
+struct HttpConfig;
+
 typedef struct ServerOptions {
         const char *socket_path;
         mode_t socket_mode;         /* of the socket file; the allow-list is the policy */
@@ -34,6 +36,7 @@ typedef struct ServerOptions {
         uint32_t cpl_slots;
         uint32_t data_size;          /* data area bytes; also bounds socket-mode frames */
         uint32_t max_queue;          /* the engine's queue bound, for the welcome */
+        const struct HttpConfig *http; /* NULL or listen "": no HTTP listener */
 } ServerOptions;
 
 /* Fills o with the defaults: socket /run/dsd/dsd.sock mode 0666; root and the group

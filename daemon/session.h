@@ -44,6 +44,7 @@ typedef enum IoKind {
         IO_WRITE,    /* a session's socket, socket mode */
         IO_DOORBELL, /* a session's eventfd, ring mode */
         IO_CANCEL,   /* an async cancel; its own result is ignored */
+        IO_HTTP,     /* the HTTP listener's own operations (daemon/http/listener.c) */
         _IO_KIND_MAX,
         _IO_KIND_INVALID = -EINVAL,
 } IoKind;
@@ -61,6 +62,7 @@ struct Request {
         Session *session;
         uint64_t client_id; /* the client's hdr.request_id */
         uint64_t id;        /* daemon-wide, SchedRequest.id */
+        uint64_t last_token_ns; /* the previous token's publish time, for the metrics */
         bool answered;      /* the client got its last event already (failed as too slow):
                              * the engine's remaining events for it are dropped */
         Request *prev, *next; /* the session's list */

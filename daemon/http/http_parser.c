@@ -117,6 +117,11 @@ bool http_parser_started(const HttpParser *p)
         return p->started;
 }
 
+bool http_parser_expects_continue(const HttpParser *p)
+{
+        return p->phase == PHASE_BODY && p->req.expect_continue;
+}
+
 const HttpRequest *http_parser_request(const HttpParser *p)
 {
         return p->phase == PHASE_DONE ? &p->req : NULL;

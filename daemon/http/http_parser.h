@@ -89,6 +89,9 @@ void http_parser_reset(HttpParser *p);
  * request, one closed before is simply idle. */
 bool http_parser_started(const HttpParser *p);
 
+/* After HEAD: whether the client waits for "100 Continue" before sending the body. */
+bool http_parser_expects_continue(const HttpParser *p);
+
 /* After DONE: the request. */
 const HttpRequest *http_parser_request(const HttpParser *p);
 
