@@ -1,0 +1,577 @@
+/* SPDX-License-Identifier: MIT */
+/* dsbench: drives a running dsd through libdsclient and reports what clients see.
+ * N client processes each keep up to M requests in flight (closed loop) or start them at
+ * Poisson arrival times (open loop, --rate), with fixed or random prompt and output
+ * lengths. Every token event carries the daemon's publish time (CLOCK_MONOTONIC, the
+ * engine thread's), so the delay until the client holds it is measured for sleeping
+ * (blocking ds_next) or spinning (ds_next(0) in a loop) clients, and compared with a plain
+ * Unix-socket round trip measured here. Each child writes its samples to its own
+ * unlinked temp file; the parent merges them after the run. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dsclient.h"
+
+typedef struct Range {
+        uint32_t lo, hi;
+} Range;
+
+static const char *arg_socket;
+static uint32_t arg_clients = 1;
+static uint32_t arg_concurrency = 1;
+static uint32_t arg_requests = 16; /* per client */
+static Range arg_prompt_words = { 16, 16 };
+static Range arg_max_tokens = { 128, 128 };
+static double arg_rate;            /* requests/s over all clients; 0: closed loop */
+static bool arg_spin;
+static bool arg_socket_only;
+static uint64_t arg_seed = 1;
+static const char *arg_json;
+static uint32_t arg_rtt_rounds = 20000;
+
+enum { S_TTFT, S_ITL, S_QUEUE, S_DELIVERY, S_TOKENS, S_ERROR, S_LATENCY, _S_MAX };
+
+typedef struct Sample {
+        uint32_t kind;
+        int32_t code; /* S_ERROR: the error; S_TOKENS: prompt tokens */
+        double v;     /* µs, or a count for S_TOKENS */
+} Sample;
+
+static uint64_t mono_ns(void)
+{
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        return *s;
+}
+
+static uint32_t pick(Range r, uint64_t *s)
+{
+        return r.lo + (uint32_t) (rnd(s) % ((uint64_t) r.hi - r.lo + 1));
+}
+
+/* ---- one client process ---- */
+
+typedef struct Slot {
+        bool busy;
+        uint64_t id;
+        uint64_t submit_ns, last_ns;
+        uint32_t tokens;
+} Slot;
+
+typedef struct Child {
+        ds_client *c;
+        FILE *out;
+        Slot *slots;
+        uint64_t seed;
+        char *prompt;
+        ds_event ev;
+} Child;
+
+static void emit(Child *ch, uint32_t kind, int32_t code, double v)
+{
+        Sample s = { kind, code, v };
+        fwrite(&s, sizeof(s), 1, ch->out);
+}
+
+static int child_submit(Child *ch, Slot *sl)
+{
+        static const char *const words[] = { "the", "little", "dog", "ran", "to", "a", "big",
+                "tree", "and", "saw", "bird", "happy" };
+        uint32_t n = pick(arg_prompt_words, &ch->seed);
+        ds_request req;
+        size_t len = 0;
+        int r;
+
+        len += (size_t) sprintf(ch->prompt, "Once upon a time");
+        for (uint32_t i = 0; i < n; i++)
+                len += (size_t) sprintf(ch->prompt + len, " %s",
+                        words[rnd(&ch->seed) % (sizeof(words) / sizeof(words[0]))]);
+        ds_request_init(&req);
+        req.kind = DS_PROMPT_TEXT;
+        req.text = ch->prompt;
+        req.text_len = len;
+        req.sampling.temperature = 0;
+        req.max_tokens = pick(arg_max_tokens, &ch->seed);
+        sl->submit_ns = mono_ns();
+        r = ds_submit(ch->c, &req, &sl->id);
+        if (r < 0)
+                return r;
+        sl->busy = true;
+        sl->tokens = 0;
+        sl->last_ns = sl->submit_ns;
+        return 0;
+}
+
+static Slot *slot_of(Child *ch, uint64_t id)
+{
+        for (uint32_t i = 0; i < arg_concurrency; i++)
+                if (ch->slots[i].busy && ch->slots[i].id == id)
+                        return &ch->slots[i];
+        return NULL;
+}
+
+/* Takes one event, waiting until deadline_ns at most. 1, 0 (nothing) or < 0. */
+static int child_next(Child *ch, uint64_t deadline_ns)
+{
+        for (;;) {
+                uint64_t now = mono_ns();
+                int timeout = arg_spin || deadline_ns <= now ? 0
+                        : deadline_ns == UINT64_MAX          ? -1
+                                                             : (int) ((deadline_ns - now + 999999) / 1000000);
+                int r = ds_next(ch->c, timeout, &ch->ev);
+                if (r != 0 || mono_ns() >= deadline_ns)
+                        return r;
+        }
+}
+
+static int child_run(uint32_t index, FILE *out)
+{
+        Child ch = { .out = out, .seed = arg_seed * 7919 + index + 1 };
+        uint32_t started = 0, done = 0, in_flight = 0;
+        double rate = arg_rate / arg_clients; /* this process's share */
+        uint64_t next_arrival = mono_ns();
+        int r;
+
+        ch.slots = calloc(arg_concurrency, sizeof(*ch.slots));
+        ch.prompt = malloc((size_t) arg_prompt_words.hi * 8 + 32);
+        if (!ch.slots || !ch.prompt)
+                return 1;
+        r = ds_connect(arg_socket, arg_socket_only ? DS_CONNECT_SOCKET_ONLY : 0, &ch.c);
+        if (r < 0) {
+                fprintf(stderr, "dsbench: client %u: cannot connect: %s %s\n", index,
+                        ds_strerror(r), ds_connect_message());
+                return 1;
+        }
+        while (done < arg_requests) {
+                /* Start what the mode allows now. */
+                while (started < arg_requests && in_flight < arg_concurrency &&
+                        (rate <= 0 || mono_ns() >= next_arrival)) {
+                        Slot *sl = NULL;
+                        for (uint32_t i = 0; i < arg_concurrency && !sl; i++)
+                                if (!ch.slots[i].busy)
+                                        sl = &ch.slots[i];
+                        r = child_submit(&ch, sl);
+                        if (r < 0) {
+                                fprintf(stderr, "dsbench: submit: %s\n", ds_strerror(r));
+                                return 1;
+                        }
+                        started++;
+                        in_flight++;
+                        if (rate > 0) {
+                                /* Exponential gaps: a Poisson process of the given rate. */
+                                double u = (double) (rnd(&ch.seed) % 1000000 + 1) / 1000001.0;
+                                next_arrival += (uint64_t) (-log(u) / rate * 1e9);
+                        }
+                }
+                uint64_t deadline = rate > 0 && started < arg_requests ? next_arrival : UINT64_MAX;
+                if (in_flight == 0 && deadline == UINT64_MAX)
+                        break;
+                r = child_next(&ch, deadline);
+                if (r < 0) {
+                        fprintf(stderr, "dsbench: ds_next: %s\n", ds_strerror(r));
+                        return 1;
+                }
+                if (r == 0)
+                        continue;
+                uint64_t now = mono_ns();
+                Slot *sl = slot_of(&ch, ch.ev.request_id);
+                if (!sl)
+                        continue;
+                if (ch.ev.publish_ns && ch.ev.type != DS_EVENT_ERROR)
+                        emit(&ch, S_DELIVERY, 0, (double) (now - ch.ev.publish_ns) / 1e3);
+                if (ch.ev.type == DS_EVENT_TOKEN) {
+                        if (ch.ev.token_id < 0)
+                                continue; /* text released at the end, not a token */
+                        emit(&ch, sl->tokens == 0 ? S_TTFT : S_ITL, 0,
+                                (double) (now - sl->last_ns) / 1e3);
+                        sl->last_ns = now;
+                        sl->tokens++;
+                        continue;
+                }
+                if (ch.ev.type == DS_EVENT_FINAL) {
+                        emit(&ch, S_QUEUE, 0, (double) ch.ev.queue_us);
+                        emit(&ch, S_TOKENS, (int32_t) ch.ev.prompt_tokens,
+                                (double) ch.ev.generated_tokens);
+                } else
+                        emit(&ch, S_ERROR, ch.ev.error, 0);
+                emit(&ch, S_LATENCY, 0, (double) (now - sl->submit_ns) / 1e3);
+                sl->busy = false;
+                in_flight--;
+                done++;
+        }
+        ds_close(ch.c);
+        return 0;
+}
+
+/* ---- the plain socket round trip ---- */
+
+static int socket_rtt(double **ret, uint32_t n)
+{
+        char buf[256] = {};
+        int sv[2];
+        pid_t pid;
+        double *v = calloc(n, sizeof(*v));
+
+        if (!v || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return -errno;
+        pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                close(sv[0]);
+                while (read(sv[1], buf, sizeof(buf)) == (ssize_t) sizeof(buf))
+                        if (write(sv[1], buf, sizeof(buf)) != (ssize_t) sizeof(buf))
+                                break;
+                _exit(0);
+        }
+        close(sv[1]);
+        for (uint32_t i = 0; i < n; i++) {
+                uint64_t t0 = mono_ns();
+                if (write(sv[0], buf, sizeof(buf)) != (ssize_t) sizeof(buf) ||
+                        recv(sv[0], buf, sizeof(buf), MSG_WAITALL) != (ssize_t) sizeof(buf))
+                        return -EIO;
+                v[i] = (double) (mono_ns() - t0) / 1e3;
+        }
+        close(sv[0]);
+        waitpid(pid, NULL, 0);
+        *ret = v;
+        return 0;
+}
+
+/* ---- statistics ---- */
+
+typedef struct Vec {
+        double *v;
+        size_t n, cap;
+} Vec;
+
+static void vec_push(Vec *x, double v)
+{
+        if (x->n == x->cap) {
+                x->cap = x->cap ? x->cap * 2 : 1024;
+                x->v = realloc(x->v, x->cap * sizeof(double));
+                if (!x->v) {
+                        fprintf(stderr, "dsbench: out of memory\n");
+                        exit(EXIT_FAILURE);
+                }
+        }
+        x->v[x->n++] = v;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+        double x = *(const double *) a, y = *(const double *) b;
+        return (x > y) - (x < y);
+}
+
+static double pct(const Vec *x, double p)
+{
+        if (x->n == 0)
+                return 0;
+        size_t i = (size_t) ceil(p / 100.0 * (double) x->n);
+        return x->v[i > 0 ? i - 1 : 0];
+}
+
+static void print_dist(FILE *f, const char *name, Vec *x, bool json, bool last)
+{
+        qsort(x->v, x->n, sizeof(double), cmp_double);
+        if (json)
+                fprintf(f,
+                        "    \"%s\": {\"n\": %zu, \"p50_us\": %.1f, \"p90_us\": %.1f, "
+                        "\"p99_us\": %.1f}%s\n",
+                        name, x->n, pct(x, 50), pct(x, 90), pct(x, 99), last ? "" : ",");
+        else
+                fprintf(f, "  %-22s n=%-7zu p50 %10.1f us  p90 %10.1f us  p99 %10.1f us\n",
+                        name, x->n, pct(x, 50), pct(x, 90), pct(x, 99));
+}
+
+/* ---- options ---- */
+
+static int parse_range(const char *opt, const char *s, Range *ret)
+{
+        unsigned lo, hi;
+        char tail;
+
+        if (sscanf(s, "%u:%u%c", &lo, &hi, &tail) == 2 && lo <= hi)
+                *ret = (Range) { lo, hi };
+        else if (sscanf(s, "%u%c", &lo, &tail) == 1)
+                *ret = (Range) { lo, lo };
+        else {
+                fprintf(stderr, "dsbench: %s: '%s' is not N or MIN:MAX\n", opt, s);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+static int parse_u32(const char *opt, const char *s, uint32_t *ret, uint32_t min)
+{
+        char *end;
+        unsigned long v = strtoul(s, &end, 10);
+
+        if (end == s || *end || v < min || v > UINT32_MAX || s[0] == '-') {
+                fprintf(stderr, "dsbench: %s: '%s' is not an integer >= %u\n", opt, s, min);
+                return -EINVAL;
+        }
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+static void help(void)
+{
+        printf("Usage: dsbench [OPTIONS]\n"
+               "\n"
+               "Drives a running dsd through libdsclient and reports throughput, time to first\n"
+               "token, inter-token latency, queue time, errors and delivery latency, against a\n"
+               "plain Unix-socket round trip measured on the same machine.\n"
+               "\n"
+               "  --socket PATH          the daemon (default $DSD_SOCKET or /run/dsd/dsd.sock)\n"
+               "  --clients N            client processes (default 1)\n"
+               "  --concurrency M        requests in flight per client (default 1)\n"
+               "  --requests R           requests per client (default 16)\n"
+               "  --prompt-words N|A:B   words after 'Once upon a time' (default 16)\n"
+               "  --max-tokens N|A:B     output tokens at most (default 128)\n"
+               "  --rate R               open loop: R requests/s over all clients (default:\n"
+               "                         closed loop)\n"
+               "  --spin                 spin with ds_next(0) instead of blocking\n"
+               "  --socket-only          events on the socket, no shared memory\n"
+               "  --seed S               prompt and length choices (default 1)\n"
+               "  --rtt-rounds N         plain socket round trips to measure (default 20000)\n"
+               "  --json FILE            also write the results as JSON\n");
+}
+
+static int parse_argv(int argc, char **argv)
+{
+        enum {
+                ARG_SOCKET = 0x100, ARG_CLIENTS, ARG_CONCURRENCY, ARG_REQUESTS, ARG_PROMPT,
+                ARG_MAX_TOKENS, ARG_RATE, ARG_SPIN, ARG_SOCKET_ONLY, ARG_SEED, ARG_JSON, ARG_RTT,
+        };
+        static const struct option options[] = {
+                { "help", no_argument, NULL, 'h' },
+                { "socket", required_argument, NULL, ARG_SOCKET },
+                { "clients", required_argument, NULL, ARG_CLIENTS },
+                { "concurrency", required_argument, NULL, ARG_CONCURRENCY },
+                { "requests", required_argument, NULL, ARG_REQUESTS },
+                { "prompt-words", required_argument, NULL, ARG_PROMPT },
+                { "max-tokens", required_argument, NULL, ARG_MAX_TOKENS },
+                { "rate", required_argument, NULL, ARG_RATE },
+                { "spin", no_argument, NULL, ARG_SPIN },
+                { "socket-only", no_argument, NULL, ARG_SOCKET_ONLY },
+                { "seed", required_argument, NULL, ARG_SEED },
+                { "rtt-rounds", required_argument, NULL, ARG_RTT },
+                { "json", required_argument, NULL, ARG_JSON },
+                {}
+        };
+        uint32_t seed;
+        char *end;
+        int c, r;
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+                r = 0;
+                switch (c) {
+                case 'h':
+                        help();
+                        exit(EXIT_SUCCESS);
+                case ARG_SOCKET:
+                        arg_socket = optarg;
+                        break;
+                case ARG_CLIENTS:
+                        r = parse_u32("--clients", optarg, &arg_clients, 1);
+                        break;
+                case ARG_CONCURRENCY:
+                        r = parse_u32("--concurrency", optarg, &arg_concurrency, 1);
+                        break;
+                case ARG_REQUESTS:
+                        r = parse_u32("--requests", optarg, &arg_requests, 1);
+                        break;
+                case ARG_PROMPT:
+                        r = parse_range("--prompt-words", optarg, &arg_prompt_words);
+                        break;
+                case ARG_MAX_TOKENS:
+                        r = parse_range("--max-tokens", optarg, &arg_max_tokens);
+                        break;
+                case ARG_RATE:
+                        arg_rate = strtod(optarg, &end);
+                        if (end == optarg || *end || !(arg_rate > 0 && isfinite(arg_rate))) {
+                                fprintf(stderr, "dsbench: --rate: '%s' is not a rate > 0\n",
+                                        optarg);
+                                r = -EINVAL;
+                        }
+                        break;
+                case ARG_SPIN:
+                        arg_spin = true;
+                        break;
+                case ARG_SOCKET_ONLY:
+                        arg_socket_only = true;
+                        break;
+                case ARG_SEED:
+                        r = parse_u32("--seed", optarg, &seed, 0);
+                        arg_seed = seed;
+                        break;
+                case ARG_RTT:
+                        r = parse_u32("--rtt-rounds", optarg, &arg_rtt_rounds, 1);
+                        break;
+                case ARG_JSON:
+                        arg_json = optarg;
+                        break;
+                default:
+                        return -EINVAL;
+                }
+                if (r < 0)
+                        return r;
+        }
+        if (optind < argc) {
+                fprintf(stderr, "dsbench: unexpected argument '%s'\n", argv[optind]);
+                return -EINVAL;
+        }
+        return 0;
+}
+
+int main(int argc, char **argv)
+{
+        Vec v[_S_MAX] = {}, rtt = {};
+        uint64_t prompt_tokens = 0, generated = 0, n_errors = 0, n_final = 0;
+        int32_t first_error = 0;
+        FILE **files;
+        double *rv = NULL, secs;
+        uint64_t t0, t1;
+        bool failed = false;
+        int r;
+
+        if (parse_argv(argc, argv) < 0)
+                return EXIT_FAILURE;
+
+        r = socket_rtt(&rv, arg_rtt_rounds);
+        if (r < 0) {
+                fprintf(stderr, "dsbench: socket round trip: %s\n", strerror(-r));
+                return EXIT_FAILURE;
+        }
+        for (uint32_t i = 0; i < arg_rtt_rounds; i++)
+                vec_push(&rtt, rv[i]);
+        free(rv);
+
+        files = calloc(arg_clients, sizeof(*files));
+        if (!files)
+                return EXIT_FAILURE;
+        fflush(NULL);
+        t0 = mono_ns();
+        for (uint32_t i = 0; i < arg_clients; i++) {
+                files[i] = tmpfile();
+                if (!files[i]) {
+                        perror("dsbench: tmpfile");
+                        return EXIT_FAILURE;
+                }
+                pid_t pid = fork();
+                if (pid < 0) {
+                        perror("dsbench: fork");
+                        return EXIT_FAILURE;
+                }
+                if (pid == 0) {
+                        int rc = child_run(i, files[i]);
+                        fflush(files[i]);
+                        _exit(rc);
+                }
+        }
+        for (uint32_t i = 0; i < arg_clients; i++) {
+                int status;
+                if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+                        failed = true;
+        }
+        t1 = mono_ns();
+        secs = (double) (t1 - t0) / 1e9;
+
+        for (uint32_t i = 0; i < arg_clients; i++) {
+                Sample s;
+                rewind(files[i]);
+                while (fread(&s, sizeof(s), 1, files[i]) == 1) {
+                        if (s.kind >= _S_MAX)
+                                continue;
+                        if (s.kind == S_TOKENS) {
+                                prompt_tokens += (uint64_t) s.code;
+                                generated += (uint64_t) s.v;
+                                n_final++;
+                        } else if (s.kind == S_ERROR) {
+                                n_errors++;
+                                if (!first_error)
+                                        first_error = s.code;
+                        } else
+                                vec_push(&v[s.kind], s.v);
+                }
+                fclose(files[i]);
+        }
+        free(files);
+
+        const char *mode = arg_rate > 0 ? "open" : "closed";
+        const char *wait_mode = arg_spin ? "spin" : "sleep";
+        printf("dsbench: %u clients x %u in flight, %u requests each, %s loop", arg_clients,
+                arg_concurrency, arg_requests, mode);
+        if (arg_rate > 0)
+                printf(" at %.2f req/s", arg_rate);
+        printf(", %s clients, %s\n", wait_mode, arg_socket_only ? "socket-only" : "ring");
+        printf("  %.2f s, %" PRIu64 " requests done, %" PRIu64 " errors%s%s\n", secs, n_final,
+                n_errors, n_errors ? " (first: " : "", n_errors ? ds_strerror(first_error) : "");
+        if (n_errors)
+                printf(")\n");
+        printf("  throughput: %.1f generated tokens/s, %.1f prompt tokens/s, %.2f requests/s\n",
+                (double) generated / secs, (double) prompt_tokens / secs, (double) n_final / secs);
+        print_dist(stdout, "time to first token", &v[S_TTFT], false, false);
+        print_dist(stdout, "inter-token latency", &v[S_ITL], false, false);
+        print_dist(stdout, "request latency", &v[S_LATENCY], false, false);
+        print_dist(stdout, "queue time", &v[S_QUEUE], false, false);
+        print_dist(stdout, "delivery (publish->read)", &v[S_DELIVERY], false, false);
+        print_dist(stdout, "socket round trip", &rtt, false, false);
+
+        if (arg_json) {
+                FILE *f = fopen(arg_json, "w");
+                if (!f) {
+                        perror("dsbench: --json");
+                        return EXIT_FAILURE;
+                }
+                fprintf(f,
+                        "{\n  \"clients\": %u, \"concurrency\": %u, \"requests_per_client\": %u,\n"
+                        "  \"prompt_words\": [%u, %u], \"max_tokens\": [%u, %u],\n"
+                        "  \"loop\": \"%s\", \"rate\": %.3f, \"wait\": \"%s\", \"transport\": "
+                        "\"%s\",\n"
+                        "  \"seconds\": %.3f, \"requests\": %" PRIu64 ", \"errors\": %" PRIu64
+                        ",\n"
+                        "  \"generated_tokens\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64 ",\n"
+                        "  \"generated_tokens_per_s\": %.1f, \"requests_per_s\": %.3f,\n"
+                        "  \"latency\": {\n",
+                        arg_clients, arg_concurrency, arg_requests, arg_prompt_words.lo,
+                        arg_prompt_words.hi, arg_max_tokens.lo, arg_max_tokens.hi, mode, arg_rate,
+                        wait_mode, arg_socket_only ? "socket" : "ring", secs, n_final, n_errors,
+                        generated, prompt_tokens, (double) generated / secs,
+                        (double) n_final / secs);
+                print_dist(f, "ttft", &v[S_TTFT], true, false);
+                print_dist(f, "itl", &v[S_ITL], true, false);
+                print_dist(f, "request", &v[S_LATENCY], true, false);
+                print_dist(f, "queue", &v[S_QUEUE], true, false);
+                print_dist(f, "delivery", &v[S_DELIVERY], true, false);
+                print_dist(f, "socket_rtt", &rtt, true, true);
+                fprintf(f, "  }\n}\n");
+                fclose(f);
+        }
+        for (int i = 0; i < _S_MAX; i++)
+                free(v[i].v);
+        free(rtt.v);
+        return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
