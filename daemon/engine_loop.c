@@ -31,21 +31,21 @@ typedef struct Cmd {
 
 struct EngineLoop {
         Engine *e;
-        Sched *s;           /* the engine thread's alone once started */
+        Sched *s; /* the engine thread's alone once started */
         SchedLimits lim;
-        int notify_fd;      /* the I/O thread's eventfd, not ours; -1 for none */
+        int notify_fd;       /* the I/O thread's eventfd, not ours; -1 for none */
         uint32_t max_events; /* room one round needs in the outbox */
         pthread_t thread;
-        bool running;       /* thread started and not joined yet */
+        bool running; /* thread started and not joined yet */
 
         pthread_mutex_t lock; /* guards everything down to the engine thread's part */
         pthread_cond_t wake;  /* the engine thread waits here: input, outbox room, stop */
         SchedRequest **inbox; /* (max_queued) submitted, not taken by the engine thread */
         uint32_t n_inbox;
-        uint32_t n_queued;    /* inbox plus the scheduler's queued: what -EBUSY bounds */
-        Cmd *cmds;            /* (cap_cmds) in submission order; grows in the I/O thread */
+        uint32_t n_queued; /* inbox plus the scheduler's queued: what -EBUSY bounds */
+        Cmd *cmds;         /* (cap_cmds) in submission order; grows in the I/O thread */
         uint32_t n_cmds, cap_cmds;
-        SchedEvent *out;      /* (out_cap) ring, out_head .. out_tail-1 pending */
+        SchedEvent *out; /* (out_cap) ring, out_head .. out_tail-1 pending */
         uint32_t out_cap;
         uint64_t out_head, out_tail;
         bool stopping, drain;
@@ -56,7 +56,7 @@ struct EngineLoop {
         SchedRequest **taken; /* (max_queued) */
         Cmd *taken_cmds;      /* (cap_taken_cmds) */
         uint32_t cap_taken_cmds;
-        uint32_t pushed;      /* events pushed this round, to decide the eventfd write */
+        uint32_t pushed; /* events pushed this round, to decide the eventfd write */
         DsError err;
 };
 
@@ -130,7 +130,7 @@ static void loop_publish_stats(EngineLoop *l)
         l->stats.failed = ss.failed;
         if (now - l->rate_start_usec >= RATE_WINDOW_USEC) {
                 l->stats.tokens_per_s = (double) (ss.generated_tokens - l->rate_start_tokens) *
-                        1e6 / (double) (now - l->rate_start_usec);
+                                        1e6 / (double) (now - l->rate_start_usec);
                 l->rate_start_usec = now;
                 l->rate_start_tokens = ss.generated_tokens;
         }
@@ -218,8 +218,8 @@ static void *loop_thread(void *userdata)
         return NULL;
 }
 
-int engine_loop_start(Engine *e, const SchedLimits *lim, int notify_fd, EngineLoop **ret,
-        DsError *err)
+int engine_loop_start(
+        Engine *e, const SchedLimits *lim, int notify_fd, EngineLoop **ret, DsError *err)
 {
         _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
         int r;
@@ -266,8 +266,8 @@ int engine_loop_submit(EngineLoop *l, SchedRequest **req, DsError *err)
                 return ds_error(err, -EINVAL, "engine loop: no request");
         r = sched_request_check(l->e, *req, err);
         if (r < 0) {
-                log_debug("Rejected request %llu of client %u: %s",
-                        (unsigned long long) (*req)->id, (*req)->client, err ? err->msg : "");
+                log_debug("Rejected request %llu of client %u: %s", (unsigned long long) (*req)->id,
+                        (*req)->client, err ? err->msg : "");
                 return r;
         }
 
@@ -286,8 +286,8 @@ int engine_loop_submit(EngineLoop *l, SchedRequest **req, DsError *err)
         }
         pthread_mutex_unlock(&l->lock);
         if (r < 0)
-                log_debug("Rejected request %llu of client %u: %s",
-                        (unsigned long long) (*req)->id, (*req)->client, err ? err->msg : "");
+                log_debug("Rejected request %llu of client %u: %s", (unsigned long long) (*req)->id,
+                        (*req)->client, err ? err->msg : "");
         return r;
 }
 
@@ -320,22 +320,22 @@ static int loop_command(EngineLoop *l, Cmd cmd)
 
 int engine_loop_cancel(EngineLoop *l, uint64_t request_id)
 {
-        return loop_command(l, (Cmd) { .type = CMD_CANCEL, .request_id = request_id });
+        return loop_command(l, (Cmd){.type = CMD_CANCEL, .request_id = request_id});
 }
 
 int engine_loop_cancel_client(EngineLoop *l, uint32_t client)
 {
-        return loop_command(l, (Cmd) { .type = CMD_CANCEL_CLIENT, .client = client });
+        return loop_command(l, (Cmd){.type = CMD_CANCEL_CLIENT, .client = client});
 }
 
 int engine_loop_pause_client(EngineLoop *l, uint32_t client)
 {
-        return loop_command(l, (Cmd) { .type = CMD_PAUSE_CLIENT, .client = client });
+        return loop_command(l, (Cmd){.type = CMD_PAUSE_CLIENT, .client = client});
 }
 
 int engine_loop_resume_client(EngineLoop *l, uint32_t client)
 {
-        return loop_command(l, (Cmd) { .type = CMD_RESUME_CLIENT, .client = client });
+        return loop_command(l, (Cmd){.type = CMD_RESUME_CLIENT, .client = client});
 }
 
 size_t engine_loop_take_events(EngineLoop *l, SchedEvent *ret, size_t max)

@@ -20,23 +20,23 @@
 #include "scheduler.h"
 
 typedef struct EngineLoopStats {
-        uint32_t active;          /* admitted requests: running, prefilling or preempted */
-        uint32_t queued;          /* requests waiting for admission (inbox included) */
+        uint32_t active; /* admitted requests: running, prefilling or preempted */
+        uint32_t queued; /* requests waiting for admission (inbox included) */
         uint32_t paused_clients;
         uint32_t kv_blocks_total;
         uint32_t kv_blocks_free;
-        double tokens_per_s;      /* generated tokens per second over the last second or so */
-        uint64_t submitted;       /* requests accepted by engine_loop_submit() */
-        uint64_t rejected_busy;   /* submits answered -EBUSY */
+        double tokens_per_s;    /* generated tokens per second over the last second or so */
+        uint64_t submitted;     /* requests accepted by engine_loop_submit() */
+        uint64_t rejected_busy; /* submits answered -EBUSY */
         uint64_t steps;
-        uint64_t prompt_tokens;   /* prefill tokens computed, recomputation included */
+        uint64_t prompt_tokens; /* prefill tokens computed, recomputation included */
         uint64_t generated_tokens;
         uint64_t preemptions;
-        uint64_t finished;        /* FINAL events, cancelled included */
+        uint64_t finished; /* FINAL events, cancelled included */
         uint64_t cancelled;
-        uint64_t failed;          /* ERROR events */
-        uint64_t events_dropped;  /* events lost because the loop was stopped with a full
-                                   * outbox; 0 in normal operation */
+        uint64_t failed;         /* ERROR events */
+        uint64_t events_dropped; /* events lost because the loop was stopped with a full
+                                  * outbox; 0 in normal operation */
 } EngineLoopStats;
 
 typedef struct EngineLoop EngineLoop;
@@ -45,8 +45,8 @@ typedef struct EngineLoop EngineLoop;
  * must outlive the loop). lim is copied after sched_limits_check() fills its defaults.
  * notify_fd is an eventfd the I/O thread polls: the engine thread adds 1 to it after
  * pushing events; it is not closed here. 0, or a negative code with a message. */
-int engine_loop_start(Engine *e, const SchedLimits *lim, int notify_fd, EngineLoop **ret,
-        DsError *err);
+int engine_loop_start(
+        Engine *e, const SchedLimits *lim, int notify_fd, EngineLoop **ret, DsError *err);
 
 /* Hands a request to the engine; never blocks. On success takes ownership of *req and
  * sets it to NULL. Otherwise leaves *req with the caller and returns, with a message in

@@ -71,5 +71,5 @@ bool holdback_release(Holdback *h, const char *const *stops, uint32_t n_stops, b
 void holdback_done(Holdback *h)
 {
         free(h->buf);
-        *h = (Holdback) {};
+        *h = (Holdback){};
 }

@@ -41,22 +41,22 @@ struct Seq {
         SchedRequest *req;
         Client *client;
         SeqState state;
-        Seq *prev, *next;      /* in the client's queue, the running or the preempted list */
-        int32_t *tokens;       /* (n_prompt + max_new) prompt, then accepted generated ids */
+        Seq *prev, *next; /* in the client's queue, the running or the preempted list */
+        int32_t *tokens;  /* (n_prompt + max_new) prompt, then accepted generated ids */
         uint32_t n_tokens;
-        uint32_t n_computed;   /* positions whose K/V the cache holds */
+        uint32_t n_computed; /* positions whose K/V the cache holds */
         uint32_t n_generated;
-        uint32_t max_new;      /* max_tokens within the context limit */
-        uint32_t *blocks;      /* (cap_blocks) KV block table */
+        uint32_t max_new; /* max_tokens within the context limit */
+        uint32_t *blocks; /* (cap_blocks) KV block table */
         uint32_t n_blocks, cap_blocks;
-        uint32_t chunk;        /* tokens fed in the step being built */
+        uint32_t chunk; /* tokens fed in the step being built */
         uint32_t preemptions;
-        uint64_t admit_order;  /* larger is more recent; preemption takes the largest */
-        uint64_t start_usec;   /* first admission; 0 before */
+        uint64_t admit_order; /* larger is more recent; preemption takes the largest */
+        uint64_t start_usec;  /* first admission; 0 before */
         uint64_t first_token_usec;
         TokStream *ts;
-        Holdback hold;         /* reserved SCHED_TEXT_MAX: appends never allocate */
-        float *row;            /* (vocab_size) sampled row's logits, when logprobs are asked */
+        Holdback hold; /* reserved SCHED_TEXT_MAX: appends never allocate */
+        float *row;    /* (vocab_size) sampled row's logits, when logprobs are asked */
 };
 
 typedef struct SeqList {
@@ -67,7 +67,7 @@ typedef struct SeqList {
 struct Client {
         uint32_t key;
         bool paused;
-        SeqList queue;  /* QUEUED requests, oldest first */
+        SeqList queue;   /* QUEUED requests, oldest first */
         uint32_t n_seqs; /* its requests in any state; the record goes when 0 and unpaused */
 };
 
@@ -85,15 +85,15 @@ struct Sched {
 
         Client **clients; /* (n_clients, cap_clients) in round-robin order */
         uint32_t n_clients, cap_clients;
-        uint32_t rr;      /* index of the client admitted from next */
+        uint32_t rr; /* index of the client admitted from next */
 
         uint64_t admit_counter;
         SchedStats st;
 
         /* Step scratch, sized at creation: building and running a batch allocates nothing. */
-        Seq **batch;   /* (max_seqs) */
-        BkSeq *bk;     /* (max_seqs) */
-        int32_t *ids;  /* (max_seqs) */
+        Seq **batch;  /* (max_seqs) */
+        BkSeq *bk;    /* (max_seqs) */
+        int32_t *ids; /* (max_seqs) */
         char piece[TOK_STREAM_OUT_MAX];
         SchedEvent ev; /* the event being built */
 };
@@ -111,8 +111,8 @@ int sched_limits_check(SchedLimits *l, DsError *err)
                 l->max_queued = SCHED_DEFAULT_MAX_QUEUED;
         /* Bounds that keep sched_max_events() and the scratch arrays reasonable. */
         if (l->max_seqs > 4096)
-                return ds_error(err, -EINVAL, "max_seqs is %u, at most 4096 are supported",
-                        l->max_seqs);
+                return ds_error(
+                        err, -EINVAL, "max_seqs is %u, at most 4096 are supported", l->max_seqs);
         if (l->max_queued > 65536)
                 return ds_error(err, -EINVAL, "max_queued is %u, at most 65536 are supported",
                         l->max_queued);
@@ -176,8 +176,8 @@ int sched_request_check(const Engine *e, const SchedRequest *r, DsError *err)
                                 "prompt token %u is id %d, outside the vocabulary of %u", i,
                                 r->prompt[i], cfg->vocab_sample);
         if (r->n_stops > SCHED_STOPS_MAX || (r->n_stops && !r->stops))
-                return ds_error(err, -EINVAL, "%u stop strings, at most %u are allowed",
-                        r->n_stops, SCHED_STOPS_MAX);
+                return ds_error(err, -EINVAL, "%u stop strings, at most %u are allowed", r->n_stops,
+                        SCHED_STOPS_MAX);
         for (uint32_t i = 0; i < r->n_stops; i++) {
                 size_t n = r->stops[i] ? strnlen(r->stops[i], SCHED_STOP_LEN_MAX + 1) : 0;
                 if (n == 0 || n > SCHED_STOP_LEN_MAX)
@@ -196,8 +196,8 @@ int sched_request_check(const Engine *e, const SchedRequest *r, DsError *err)
                         (double) sp->top_p, (double) sp->min_p);
         if (!isfinite(sp->repetition_penalty) || sp->repetition_penalty < 0 ||
                 !isfinite(sp->presence_penalty) || !isfinite(sp->frequency_penalty))
-                return ds_error(err, -EINVAL,
-                        "penalties must be finite, and the repetition penalty >= 0");
+                return ds_error(
+                        err, -EINVAL, "penalties must be finite, and the repetition penalty >= 0");
         return 0;
 }
 
@@ -327,10 +327,10 @@ static SchedEvent *event_begin(Sched *s, SchedEventType type, const Seq *q)
         ev->publish_ns = 0;
         ev->token = -1;
         ev->text_len = 0;
-        ev->sampled = (SchedLogprob) {};
+        ev->sampled = (SchedLogprob){};
         ev->n_top = 0;
         ev->finish = FINISH_LENGTH;
-        ev->usage = (SchedUsage) {};
+        ev->usage = (SchedUsage){};
         ev->error = 0;
         return ev;
 }
@@ -435,7 +435,7 @@ static void seq_logprobs(Sched *s, const Seq *q, int32_t id, SchedEvent *ev)
                 sum += exp((double) row[i] - max);
         float lse = max + (float) log(sum);
 
-        ev->sampled = (SchedLogprob) { .id = id, .logprob = row[id] - lse };
+        ev->sampled = (SchedLogprob){.id = id, .logprob = row[id] - lse};
         ev->n_top = 0;
         for (uint32_t i = 0; i < s->vocab_sample; i++) {
                 /* Insertion into a sorted list of at most 20: strict > keeps lower ids first. */
@@ -446,7 +446,7 @@ static void seq_logprobs(Sched *s, const Seq *q, int32_t id, SchedEvent *ev)
                         ev->top[at] = ev->top[at - 1];
                         at--;
                 }
-                ev->top[at] = (SchedLogprob) { .id = (int32_t) i, .logprob = row[i] };
+                ev->top[at] = (SchedLogprob){.id = (int32_t) i, .logprob = row[i]};
                 if (ev->n_top < n)
                         ev->n_top++;
         }
@@ -465,8 +465,8 @@ static void seq_end(Sched *s, Seq *q, FinishReason reason)
         if (n > 0)
                 /* Within the reserve: held back (< SCHED_STOP_LEN_MAX) plus one piece. */
                 (void) holdback_append(&q->hold, s->piece, (size_t) n);
-        if (holdback_release(&q->hold, (const char *const *) r->stops, r->n_stops, true,
-                    event_text, ev))
+        if (holdback_release(
+                    &q->hold, (const char *const *) r->stops, r->n_stops, true, event_text, ev))
                 reason = FINISH_STOP;
         seq_finish(s, q, reason);
 }
@@ -497,8 +497,8 @@ static void seq_sampled(Sched *s, Seq *q, int32_t id, uint64_t now)
                 return;
         }
         (void) holdback_append(&q->hold, s->piece, (size_t) n);
-        bool stopped = holdback_release(&q->hold, (const char *const *) r->stops, r->n_stops,
-                false, event_text, ev);
+        bool stopped = holdback_release(
+                &q->hold, (const char *const *) r->stops, r->n_stops, false, event_text, ev);
         s->emit(s->userdata, ev);
 
         if (stopped) {
@@ -549,8 +549,7 @@ static uint32_t seq_fit(const Sched *s, const Seq *q, uint32_t reserve)
         uint32_t free_blocks = s->e->kv.n_free > reserve ? s->e->kv.n_free - reserve : 0;
         uint64_t covered = (uint64_t) (q->n_blocks + free_blocks) * s->e->block_tokens;
 
-        return covered > q->n_computed ? (uint32_t) MIN(covered - q->n_computed, UINT32_MAX)
-                                       : 0;
+        return covered > q->n_computed ? (uint32_t) MIN(covered - q->n_computed, UINT32_MAX) : 0;
 }
 
 /* --------------------------------------------------------------------------------------
@@ -669,7 +668,7 @@ int sched_add(Sched *s, SchedRequest *r)
                 ret = seq_new(s, r, &q);
         if (ret < 0) {
                 /* A Seq on the stack only to address the event; nothing else uses it. */
-                Seq tmp = { .req = r };
+                Seq tmp = {.req = r};
                 SchedEvent *ev = event_begin(s, SCHED_EV_ERROR, &tmp);
                 static const char msg[] = "out of memory for the request";
                 ev->error = ret;
@@ -922,7 +921,7 @@ int sched_step(Sched *s, DsError *err)
         for (uint32_t i = 0; i < n; i++) {
                 Seq *q = s->batch[i];
                 bool sample = q->n_computed + q->chunk == q->n_tokens;
-                s->bk[i] = (BkSeq) {
+                s->bk[i] = (BkSeq){
                         .tokens = q->tokens + q->n_computed,
                         .n_tokens = q->chunk,
                         .pos = q->n_computed,

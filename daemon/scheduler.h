@@ -22,8 +22,8 @@
 #include "error.h"
 #include "tokenizer.h"
 
-#define SCHED_TOP_LOGPROBS_MAX 20u /* most alternatives a TOKEN event carries */
-#define SCHED_STOPS_MAX        8u  /* stop strings per request */
+#define SCHED_TOP_LOGPROBS_MAX 20u  /* most alternatives a TOKEN event carries */
+#define SCHED_STOPS_MAX        8u   /* stop strings per request */
 #define SCHED_STOP_LEN_MAX     256u /* bytes of one stop string, not counting the NUL */
 /* The most text one event carries: a token's bytes plus what the holdback kept back. */
 #define SCHED_TEXT_MAX (TOK_STREAM_OUT_MAX + SCHED_STOP_LEN_MAX)
@@ -44,23 +44,23 @@ int sched_limits_check(SchedLimits *l, DsError *err);
 /* A request as the I/O thread hands it over: tokenized, templated, validated. Allocate it
  * with sched_request_new(); the pointers it holds are owned by it and freed with it. */
 typedef struct SchedRequest {
-        uint64_t id;             /* daemon-wide request id, unique while the request lives */
-        uint32_t client;         /* client/session key: the unit of fairness, pause and
-                                  * cancel_client; never reused during the daemon's life */
-        int32_t *prompt;         /* (n_prompt) token ids, BOS and chat template applied;
-                                  * malloc'd, owned */
-        uint32_t n_prompt;       /* 1.. */
-        uint32_t max_tokens;     /* generated tokens at most; the context limit may stop
-                                  * earlier (finish length). 0 finishes at once. */
-        BkSampling sampling;     /* seed included: results depend only on the request */
-        char **stops;            /* (n_stops) NUL-terminated stop strings, each 1..
-                                  * SCHED_STOP_LEN_MAX bytes; malloc'd, owned */
-        uint32_t n_stops;        /* 0..SCHED_STOPS_MAX */
-        uint32_t top_logprobs;   /* 0..SCHED_TOP_LOGPROBS_MAX alternatives per TOKEN event;
-                                  * 0 also skips the sampled token's own logprob */
-        uint64_t enqueue_usec;   /* CLOCK_MONOTONIC µs when the I/O thread received it;
-                                  * queue time is measured from here */
-        void *userdata;          /* opaque, copied into every event of this request */
+        uint64_t id;           /* daemon-wide request id, unique while the request lives */
+        uint32_t client;       /* client/session key: the unit of fairness, pause and
+                                * cancel_client; never reused during the daemon's life */
+        int32_t *prompt;       /* (n_prompt) token ids, BOS and chat template applied;
+                                * malloc'd, owned */
+        uint32_t n_prompt;     /* 1.. */
+        uint32_t max_tokens;   /* generated tokens at most; the context limit may stop
+                                * earlier (finish length). 0 finishes at once. */
+        BkSampling sampling;   /* seed included: results depend only on the request */
+        char **stops;          /* (n_stops) NUL-terminated stop strings, each 1..
+                                * SCHED_STOP_LEN_MAX bytes; malloc'd, owned */
+        uint32_t n_stops;      /* 0..SCHED_STOPS_MAX */
+        uint32_t top_logprobs; /* 0..SCHED_TOP_LOGPROBS_MAX alternatives per TOKEN event;
+                                * 0 also skips the sampled token's own logprob */
+        uint64_t enqueue_usec; /* CLOCK_MONOTONIC µs when the I/O thread received it;
+                                * queue time is measured from here */
+        void *userdata;        /* opaque, copied into every event of this request */
 } SchedRequest;
 
 int sched_request_new(SchedRequest **ret);
@@ -91,20 +91,20 @@ typedef struct SchedLogprob {
 typedef struct SchedUsage {
         uint32_t prompt_tokens;
         uint32_t generated_tokens;
-        uint32_t preemptions;   /* times this request was preempted and recomputed */
-        uint64_t queue_usec;    /* enqueue to first scheduled prefill chunk */
-        uint64_t ttft_usec;     /* enqueue to the first generated token; 0 when none */
-        uint64_t total_usec;    /* enqueue to this FINAL */
+        uint32_t preemptions; /* times this request was preempted and recomputed */
+        uint64_t queue_usec;  /* enqueue to first scheduled prefill chunk */
+        uint64_t ttft_usec;   /* enqueue to the first generated token; 0 when none */
+        uint64_t total_usec;  /* enqueue to this FINAL */
 } SchedUsage;
 
 /* One event for the I/O thread. Fields not named for a type are zero. */
 typedef struct SchedEvent {
         SchedEventType type;
-        uint32_t client;          /* the request's client key */
+        uint32_t client; /* the request's client key */
         uint64_t request_id;
-        void *userdata;           /* the request's userdata */
-        uint64_t publish_ns;      /* CLOCK_MONOTONIC ns when the engine thread published the
-                                   * event to the outbox, for delivery-latency figures */
+        void *userdata;      /* the request's userdata */
+        uint64_t publish_ns; /* CLOCK_MONOTONIC ns when the engine thread published the
+                              * event to the outbox, for delivery-latency figures */
         /* TOKEN: the generated id. */
         int32_t token;
         /* TOKEN and FINAL: output text made final by this event, whole UTF-8 characters
@@ -131,19 +131,19 @@ typedef struct SchedEvent {
 typedef void (*SchedEmit)(void *userdata, const SchedEvent *ev);
 
 typedef struct SchedStats {
-        uint32_t running;    /* admitted sequences holding or building KV (paused included) */
-        uint32_t preempted;  /* admitted sequences waiting to be recomputed */
-        uint32_t queued;     /* requests never admitted yet */
+        uint32_t running;   /* admitted sequences holding or building KV (paused included) */
+        uint32_t preempted; /* admitted sequences waiting to be recomputed */
+        uint32_t queued;    /* requests never admitted yet */
         uint32_t paused_clients;
         uint32_t kv_blocks_total;
         uint32_t kv_blocks_free;
-        uint64_t steps;           /* steps that ran the backend */
-        uint64_t prompt_tokens;   /* prefill tokens computed, recomputation included */
+        uint64_t steps;         /* steps that ran the backend */
+        uint64_t prompt_tokens; /* prefill tokens computed, recomputation included */
         uint64_t generated_tokens;
         uint64_t preemptions;
-        uint64_t finished;        /* FINAL events, cancelled included */
+        uint64_t finished; /* FINAL events, cancelled included */
         uint64_t cancelled;
-        uint64_t failed;          /* ERROR events */
+        uint64_t failed; /* ERROR events */
 } SchedStats;
 
 typedef struct Sched Sched;

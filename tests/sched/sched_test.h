@@ -27,7 +27,7 @@ typedef struct Sink {
         uint64_t step;        /* set by the test before each sched_step() */
         uint32_t n_final;
         uint32_t n_events;
-        SchedEvent last;      /* the last event, for checks on logprobs */
+        SchedEvent last; /* the last event, for checks on logprobs */
 } Sink;
 
 static inline void output_add(Output *o, const char *text, size_t len)
@@ -63,14 +63,13 @@ static inline void sink_event(Sink *k, const SchedEvent *ev)
                 o->usage = ev->usage;
                 CHECK(ev->usage.generated_tokens == o->tokens,
                         "request %llu: usage says %u tokens, %u TOKEN events",
-                        (unsigned long long) ev->request_id, ev->usage.generated_tokens,
-                        o->tokens);
+                        (unsigned long long) ev->request_id, ev->usage.generated_tokens, o->tokens);
                 k->n_final++;
                 break;
         case SCHED_EV_ERROR:
                 o->error = true;
-                fprintf(stderr, "request %llu failed: %.*s\n",
-                        (unsigned long long) ev->request_id, (int) ev->text_len, ev->text);
+                fprintf(stderr, "request %llu failed: %.*s\n", (unsigned long long) ev->request_id,
+                        (int) ev->text_len, ev->text);
                 k->n_final++;
                 break;
         default:
@@ -89,8 +88,8 @@ static inline void collect_text(void *userdata, const char *text, size_t len)
 }
 
 /* A request for text, tokenized as engine_generate() does it. */
-static inline SchedRequest *make_request(Engine *e, uint64_t id, uint32_t client,
-        const char *text, uint32_t max_tokens, const char *stop)
+static inline SchedRequest *make_request(Engine *e, uint64_t id, uint32_t client, const char *text,
+        uint32_t max_tokens, const char *stop)
 {
         SchedRequest *r = NULL;
         DsError err = {};
@@ -115,15 +114,15 @@ static inline SchedRequest *make_request(Engine *e, uint64_t id, uint32_t client
 }
 
 /* The reference: text alone through engine_generate(). */
-static inline void reference(Engine *e, const char *text, uint32_t max_tokens,
-        const char *stop, Output *ret)
+static inline void reference(
+        Engine *e, const char *text, uint32_t max_tokens, const char *stop, Output *ret)
 {
         DsError err = {};
         GenResult res = {};
-        const char *stops[] = { stop };
+        const char *stops[] = {stop};
         GenParams gp = {
                 .max_tokens = max_tokens,
-                .sampling = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 },
+                .sampling = {.temperature = 0, .top_p = 1, .repetition_penalty = 1},
                 .stops = stops,
                 .n_stops = stop ? 1 : 0,
         };
@@ -143,9 +142,8 @@ static inline void check_same(const Output *got, const Output *want, const char 
                 "bytes: %s",
                 what, want->len, want->text, got->len, got->text);
         CHECK(got->tokens == want->tokens && got->finish == want->finish,
-                "%s: %u tokens finish %s, engine_generate: %u tokens finish %s", what,
-                got->tokens, finish_reason_name(got->finish), want->tokens,
-                finish_reason_name(want->finish));
+                "%s: %u tokens finish %s, engine_generate: %u tokens finish %s", what, got->tokens,
+                finish_reason_name(got->finish), want->tokens, finish_reason_name(want->finish));
 }
 
 /* 32 different story openings for stories260K (and any other model). */

@@ -16,8 +16,14 @@
 #define N_THREADED 12
 
 static const char *const prompts[] = {
-        "The quick brown fox", "A lazy dog", "Hello world", "Once upon a time",
-        "Quiet",               "Numbers 1 2 3", "Über café", "Tokens and text",
+        "The quick brown fox",
+        "A lazy dog",
+        "Hello world",
+        "Once upon a time",
+        "Quiet",
+        "Numbers 1 2 3",
+        "Über café",
+        "Tokens and text",
 };
 
 static Sink sink;
@@ -28,7 +34,7 @@ static void drain_until(EngineLoop *l, int efd, uint32_t n_final)
         static SchedEvent evs[16];
 
         while (sink.n_final < n_final) {
-                struct pollfd p = { .fd = efd, .events = POLLIN };
+                struct pollfd p = {.fd = efd, .events = POLLIN};
                 int r = poll(&p, 1, 60000);
                 CHECK(r == 1, "no wakeup within 60 s (%u of %u finals)", sink.n_final, n_final);
                 uint64_t v;
@@ -49,7 +55,7 @@ static void drain_until(EngineLoop *l, int efd, uint32_t n_final)
 static void test_limits(Engine *e, int efd)
 {
         _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
-        SchedLimits lim = { .max_seqs = 2, .step_tokens = 64, .max_queued = 2 };
+        SchedLimits lim = {.max_seqs = 2, .step_tokens = 64, .max_queued = 2};
         DsError err = {};
         int r;
 
@@ -82,8 +88,7 @@ static void test_limits(Engine *e, int efd)
         CHECK(r == -DS_ERR_CONTEXT_FULL, "an over-long prompt answered %d", r);
         char want[64];
         snprintf(want, sizeof(want), "%u tokens", ctx);
-        CHECK(strstr(err.msg, want) && strstr(err.msg, "context limit of"), "message: %s",
-                err.msg);
+        CHECK(strstr(err.msg, want) && strstr(err.msg, "context limit of"), "message: %s", err.msg);
         big->n_prompt = ctx - 1;
         CHECK(sched_request_check(e, big, &err) == 0, "a prompt of context - 1: %s", err.msg);
 
@@ -101,8 +106,8 @@ static void test_limits(Engine *e, int efd)
                 (unsigned long long) st.rejected_busy, (unsigned long long) st.submitted,
                 (unsigned long long) st.cancelled);
         CHECK(st.kv_blocks_free == st.kv_blocks_total && st.active == 0 && st.queued == 0,
-                "%u of %u blocks free, %u active, %u queued", st.kv_blocks_free,
-                st.kv_blocks_total, st.active, st.queued);
+                "%u of %u blocks free, %u active, %u queued", st.kv_blocks_free, st.kv_blocks_total,
+                st.active, st.queued);
 }
 
 typedef struct Submitter {
@@ -127,7 +132,7 @@ static void *submitter(void *userdata)
 static void test_threaded(Engine *e, int efd)
 {
         _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
-        SchedLimits lim = { .max_seqs = 4, .step_tokens = 32, .max_queued = N_THREADED };
+        SchedLimits lim = {.max_seqs = 4, .step_tokens = 32, .max_queued = N_THREADED};
         static Output want[N_THREADED];
         DsError err = {};
         pthread_t t;
@@ -136,7 +141,7 @@ static void test_threaded(Engine *e, int efd)
                 reference(e, prompts[id % ELEMENTSOF(prompts)], 24 + id, NULL, &want[id]);
         memset(&sink, 0, sizeof(sink));
         CHECK(engine_loop_start(e, &lim, efd, &l, &err) == 0, "%s", err.msg);
-        Submitter sb = { .e = e, .l = l };
+        Submitter sb = {.e = e, .l = l};
         CHECK(pthread_create(&t, NULL, submitter, &sb) == 0, "pthread_create");
         drain_until(l, efd, N_THREADED);
         CHECK(pthread_join(t, NULL) == 0, "pthread_join");
@@ -163,7 +168,7 @@ static void test_threaded(Engine *e, int efd)
 static void test_stop_cancels(Engine *e, int efd)
 {
         _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
-        SchedLimits lim = { .max_seqs = 2, .step_tokens = 32, .max_queued = 8 };
+        SchedLimits lim = {.max_seqs = 2, .step_tokens = 32, .max_queued = 8};
         static SchedEvent evs[64];
         DsError err = {};
 

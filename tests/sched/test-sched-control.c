@@ -13,7 +13,7 @@ static Sink sink;
 
 static Sched *new_sched(Engine *e, uint32_t max_seqs, uint32_t step_tokens)
 {
-        SchedLimits lim = { .max_seqs = max_seqs, .step_tokens = step_tokens, .max_queued = 64 };
+        SchedLimits lim = {.max_seqs = max_seqs, .step_tokens = step_tokens, .max_queued = 64};
         DsError err = {};
         Sched *s = NULL;
 
@@ -64,7 +64,7 @@ static void test_cancel(Engine *e)
         /* Client 1: requests 0..2; client 2: 3..5. Four run, two wait. */
         for (uint64_t id = 0; id < 6; id++)
                 CHECK(sched_add(s, make_request(e, id, id < 3 ? 1 : 2, "Once upon a time", 200,
-                                      NULL)) == 0,
+                                           NULL)) == 0,
                         "add");
         for (int i = 0; i < 5; i++)
                 step(s);
@@ -72,10 +72,11 @@ static void test_cancel(Engine *e)
         CHECK(st.running == 4 && st.queued == 2, "%u running, %u queued", st.running, st.queued);
         CHECK(st.kv_blocks_free < st.kv_blocks_total, "nothing allocated");
 
-        sched_cancel(s, 0);       /* running */
-        sched_cancel(s, 12345);   /* unknown: ignored */
+        sched_cancel(s, 0);        /* running */
+        sched_cancel(s, 12345);    /* unknown: ignored */
         sched_cancel_client(s, 2); /* two running, one queued */
-        CHECK(sink.out[0].final && sink.out[0].finish == FINISH_CANCELLED, "request 0 not cancelled");
+        CHECK(sink.out[0].final && sink.out[0].finish == FINISH_CANCELLED,
+                "request 0 not cancelled");
         for (int id = 3; id < 6; id++)
                 CHECK(sink.out[id].final && sink.out[id].finish == FINISH_CANCELLED,
                         "request %d not cancelled", id);
@@ -178,8 +179,8 @@ static void tok_sink_emit(void *userdata, const SchedEvent *ev)
 static void test_logprobs(Engine *e)
 {
         _cleanup_(sched_freep) Sched *s = NULL;
-        SchedLimits lim = { .max_seqs = 2, .step_tokens = 64, .max_queued = 4 };
-        TokSink ts = { .inner = &sink };
+        SchedLimits lim = {.max_seqs = 2, .step_tokens = 64, .max_queued = 4};
+        TokSink ts = {.inner = &sink};
         static Output want;
         DsError err = {};
 

@@ -44,12 +44,12 @@ int main(int argc, char **argv)
         }
         CHECK(e->kv.n_free == e->kv.n_total, "engine_generate leaked blocks");
 
-        SchedLimits lim = { .max_seqs = N_REQS, .step_tokens = 256, .max_queued = N_REQS };
+        SchedLimits lim = {.max_seqs = N_REQS, .step_tokens = 256, .max_queued = N_REQS};
         CHECK(sched_limits_check(&lim, &err) == 0, "%s", err.msg);
         CHECK(sched_new(e, &lim, sink_emit, &sink, &s, &err) == 0, "%s", err.msg);
         for (uint32_t i = 0; i < N_REQS; i++)
                 CHECK(sched_add(s, make_request(e, i, i % 5, story_prompts[i], max_tokens[i],
-                                      stops[i])) == 0,
+                                           stops[i])) == 0,
                         "add %u", i);
 
         uint32_t max_batch = 0;
@@ -81,8 +81,7 @@ int main(int argc, char **argv)
                 CHECK(st.preemptions == 0, "%llu preemptions with room for all",
                         (unsigned long long) st.preemptions);
                 /* Short requests finish while the last prompts are still admitted. */
-                CHECK(max_batch > N_REQS * 3 / 4, "batches reached only %u sequences",
-                        max_batch);
+                CHECK(max_batch > N_REQS * 3 / 4, "batches reached only %u sequences", max_batch);
         }
         return 0;
 }
