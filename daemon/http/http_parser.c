@@ -297,8 +297,8 @@ static HttpParseState parse_head(HttpParser *p)
                 /* CR only as the line's end (bare LF is tolerated, RFC 9112 §2.2). */
                 if (n > 0 && s[n - 1] == '\r')
                         s[--n] = 0;
-                if (memchr(s, '\r', n) || strlen(s) != n)
-                        return fail(p, 400, "stray CR or NUL in the request head");
+                if (memchr(s, '\r', n))
+                        return fail(p, 400, "stray CR in the request head");
                 st = i == 0 ? parse_request_line(p, s) : parse_header(p, s);
                 if (st == HTTP_PARSE_ERROR)
                         return st;
@@ -373,6 +373,9 @@ static HttpParseState parse_head(HttpParser *p)
 /* One byte of the head. Returns MORE to go on, DONE-or-HEAD from parse_head(), ERROR. */
 static HttpParseState head_byte(HttpParser *p, char c)
 {
+        /* The head is split with string functions: a NUL would hide the rest. */
+        if (c == 0)
+                return fail(p, 400, "NUL in the request head");
         if (c == '\n') {
                 bool empty = p->line_len == 0 || (p->line_len == 1 && p->prev == '\r');
                 if (empty && p->n_lines == 0) {
