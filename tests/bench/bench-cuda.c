@@ -4,8 +4,17 @@
  * and 2048 tokens (TTFT at 2048), and decode tokens/s at batch 1, 8, 32, 64, 128 with
  * 512-token contexts. Times are wall-clock medians of whole step() calls after warm-up
  * (the graph of each bucket is captured during warm-up). Exits 77 without a device or
- * without a model directory. */
+ * without a model directory.
+ *
+ * For profiling one phase at a time (nsys, ncu), DSD_BENCH_ONLY names what runs, e.g.
+ * "p2048" or "b1,b64": prefill lengths p512/p2048 and decode batches bN; what is skipped
+ * prints as 0. Prefill 512 still runs when a decode batch is asked for: it fills the
+ * shared prefix. Each phase is an NVTX range of its name (ncu --nvtx --nvtx-include
+ * "b1/"), and DSD_BENCH_DEVICE is passed as BkOptions.device ("eager" for per-kernel
+ * profiling). */
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +29,19 @@
 #define DECODE  24
 #define WARMUP  3
 #define PRIVATE 4 /* blocks of decoded positions per sequence */
+
+/* True when phase (e.g. "b64") is to run: DSD_BENCH_ONLY unset, or naming it. */
+static bool phase_on(const char *phase)
+{
+        const char *only = getenv("DSD_BENCH_ONLY");
+        if (!only || !*only)
+                return true;
+        size_t n = strlen(phase);
+        for (const char *p = only; (p = strstr(p, phase)) != NULL; p += n)
+                if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+                        return true;
+        return false;
+}
 
 static double now_s(void)
 {
@@ -111,7 +133,8 @@ int main(int argc, char **argv)
         double t0 = now_s();
         CHECK(model_load(argv[1], &(ModelOptions){0}, &model, &err) == 0, "%s", err.msg);
         double t_map = now_s() - t0;
-        CHECK(ops->create(&(BkOptions){0}, &b, &err) == 0, "%s", err.msg);
+        CHECK(ops->create(&(BkOptions){.device = getenv("DSD_BENCH_DEVICE")}, &b, &err) == 0,
+                "%s", err.msg);
         CHECK(ops->load(b, &model->bk, &err) == 0, "%s", err.msg);
         double t_load = now_s() - t0;
         cudaMemGetInfo(&free1, &total);
@@ -132,10 +155,22 @@ int main(int argc, char **argv)
                 blocks[i] = i;
 
         /* prefill */
-        double pf[2], pf_tps[2];
+        static const uint32_t batches[] = {1, 8, 32, 64, 128};
+        double pf[2] = {0}, pf_tps[2] = {0};
         uint32_t lens[2] = {512, 2048};
+        bool any_decode = false;
+        for (size_t k = 0; k < ELEMENTSOF(batches); k++) {
+                char name[16];
+                snprintf(name, sizeof(name), "b%u", batches[k]);
+                any_decode = any_decode || phase_on(name);
+        }
         for (int k = 0; k < 2; k++) {
+                char name[16];
+                snprintf(name, sizeof(name), "p%u", lens[k]);
+                if (!phase_on(name) && !(k == 0 && any_decode))
+                        continue;
                 double t[6];
+                nvtxRangePushA(name);
                 for (int i = 0; i < 6; i++) {
                         int32_t id;
                         BkSeq s = {.tokens = prompt, .n_tokens = lens[k], .blocks = blocks,
@@ -145,14 +180,14 @@ int main(int argc, char **argv)
                         CHECK(ops->step(b, &s, 1, &id, &err) == 0, "%s", err.msg);
                         t[i] = now_s() - s0;
                 }
+                nvtxRangePop();
                 pf[k] = median(t + 1, 5);
                 pf_tps[k] = lens[k] / pf[k];
         }
 
         /* decode: every sequence shares the 512-token prefix in blocks 0..31 (filled by the
          * last prefill) and owns blocks for what follows. */
-        static const uint32_t batches[] = {1, 8, 32, 64, 128};
-        double dec[ELEMENTSOF(batches)], dec_ms[ELEMENTSOF(batches)];
+        double dec[ELEMENTSOF(batches)] = {0}, dec_ms[ELEMENTSOF(batches)] = {0};
         uint32_t *tables = calloc((size_t) 128 * blocks_per_seq, sizeof(uint32_t));
         for (uint32_t s = 0; s < 128; s++)
                 for (uint32_t i = 0; i < blocks_per_seq; i++)
@@ -160,11 +195,16 @@ int main(int argc, char **argv)
                                 i < CTX / BT ? i : 2048 / BT + s * PRIVATE + i - CTX / BT;
         for (size_t k = 0; k < ELEMENTSOF(batches); k++) {
                 uint32_t n = batches[k];
+                char name[16];
+                snprintf(name, sizeof(name), "b%u", n);
+                if (!phase_on(name))
+                        continue;
                 BkSeq q[128];
                 int32_t cur[128], ids[128];
                 double t[DECODE];
                 for (uint32_t s = 0; s < n; s++)
                         cur[s] = prompt[s];
+                nvtxRangePushA(name);
                 for (int step = 0; step < WARMUP + DECODE; step++) {
                         for (uint32_t s = 0; s < n; s++)
                                 q[s] = (BkSeq){.tokens = &cur[s], .n_tokens = 1,
@@ -178,12 +218,13 @@ int main(int argc, char **argv)
                                 t[step - WARMUP] = now_s() - s0;
                         memcpy(cur, ids, n * sizeof(int32_t));
                 }
+                nvtxRangePop();
                 dec_ms[k] = median(t, DECODE) * 1e3;
                 dec[k] = n / (dec_ms[k] * 1e-3);
         }
 
         double bytes = step_bytes(&model->bk, kvt, CTX);
-        double achieved = bytes / (dec_ms[0] * 1e-3);
+        double achieved = dec_ms[0] > 0 ? bytes / (dec_ms[0] * 1e-3) : 0;
         printf("\n| %s | %s |\n|---|---|\n", argv[1], prop.name);
         printf("| load (map + upload + repack) | %.2f s (map %.2f s) |\n", t_load, t_map);
         printf("| GPU memory for weights + scratch | %.2f GiB |\n",
