@@ -4,8 +4,9 @@
  *   connect SOCK                    connects; prints the code and the daemon's message
  *   stream SOCK TEXT MAXTOK DELAYMS greedy request; "started" on stderr at the first
  *                                   token; the text on stdout; DELAYMS between reads
- *   noread SOCK N MAXTOK SLEEPMS    submits N requests, reads nothing for SLEEPMS, then
- *                                   everything; prints the errors as JSON
+ *   noread SOCK N MAXTOK            submits N requests, prints "submitted", reads nothing
+ *                                   until a line arrives on stdin, then everything;
+ *                                   prints the errors as JSON
  *   flood SOCK N MAXTOK             submits N requests at once; prints the outcome counts
  *                                   and the first message of each error as JSON
  *   long SOCK NWORDS                submits a prompt of NWORDS words; prints the error
@@ -109,7 +110,7 @@ static int cmd_stream(const char *sock, const char *text, uint32_t max_tokens, i
         return r > 0 && ev.type == DS_EVENT_FINAL ? 0 : 1;
 }
 
-static int cmd_noread(const char *sock, int n, uint32_t max_tokens, int sleep_ms)
+static int cmd_noread(const char *sock, int n, uint32_t max_tokens)
 {
         ds_client *c = connect_or_die(sock);
         int tokens = 0, finals = 0, slow = 0, other = 0, done = 0, r;
@@ -119,7 +120,9 @@ static int cmd_noread(const char *sock, int n, uint32_t max_tokens, int sleep_ms
         for (int i = 0; i < n; i++)
                 if (submit_text(c, "Once upon a time", max_tokens, &id) < 0)
                         return 1;
-        usleep((useconds_t) sleep_ms * 1000);
+        printf("submitted\n");
+        (void) !fgets(msg, sizeof(msg), stdin);
+        msg[0] = 0;
         while (done < n && (r = ds_next(c, 10000, &ev)) > 0) {
                 if (ev.type == DS_EVENT_TOKEN)
                         tokens++;
@@ -271,8 +274,8 @@ int main(int argc, char **argv)
                 return cmd_connect(sock);
         if (!strcmp(cmd, "stream") && argc == 6)
                 return cmd_stream(sock, argv[3], (uint32_t) atoi(argv[4]), atoi(argv[5]));
-        if (!strcmp(cmd, "noread") && argc == 6)
-                return cmd_noread(sock, atoi(argv[3]), (uint32_t) atoi(argv[4]), atoi(argv[5]));
+        if (!strcmp(cmd, "noread") && argc == 5)
+                return cmd_noread(sock, atoi(argv[3]), (uint32_t) atoi(argv[4]));
         if (!strcmp(cmd, "flood") && argc == 5)
                 return cmd_flood(sock, atoi(argv[3]), (uint32_t) atoi(argv[4]));
         if (!strcmp(cmd, "long") && argc == 4)

@@ -3,6 +3,7 @@
 the bound, then failed with 'client too slow'; the others' tokens keep flowing."""
 import json
 import subprocess
+import time
 
 from serve_common import DSD, TOOL, Daemon, fail, run, wait_idle
 
@@ -13,14 +14,22 @@ def main(tmp, model):
                           capture_output=True, check=True).stdout
     d = Daemon(tmp, model, "--client-buffer", "64", "--slow-timeout-ms", "500")
     try:
-        slow = subprocess.Popen([TOOL, "noread", d.sock, "8", "400", "3000"],
+        slow = subprocess.Popen([TOOL, "noread", d.sock, "8", "400"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        # While it sleeps, another client is served normally.
-        for _ in range(5):
+        if slow.stdout.readline() != "submitted\n":
+            fail("the slow client did not submit")
+        # Until its requests fail, another client is served normally.
+        n = 0
+        deadline = time.monotonic() + 120
+        while "too slow" not in d.text() or n < 3:
+            if time.monotonic() > deadline:
+                fail("the slow client was never failed:\n" + d.text())
             got = d.generate("Once upon a time", 150)
             if got != want:
                 fail(f"the other client's output differs: {got!r}")
-        out, err = slow.communicate(timeout=120)
+            n += 1
+        print(f"{n} generations of another client while the slow one did not read")
+        out, err = slow.communicate("go\n", timeout=120)
         if slow.returncode != 0:
             fail(f"serve-tool noread failed: {err}")
         res = json.loads(out)
