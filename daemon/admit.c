@@ -114,16 +114,15 @@ int admit_submit(Engine *e, const struct ds_wire_submit *rec, const uint8_t *dat
                         return ds_error(err, r, "malformed stop strings");
         }
         if (rec->hdr.flags == DS_WIRE_SUBMIT_CHAT) {
-                r = wire_chat_validate((const uint8_t *) prompt, rec->prompt.len,
-                        rec->n_messages);
+                r = wire_chat_validate((const uint8_t *) prompt, rec->prompt.len, rec->n_messages);
                 if (r < 0)
                         return ds_error(err, r, "malformed chat messages");
         }
 
         r = sched_request_new(&req);
         if (r < 0)
-                return refuse(ret_wire_code, DS_WIRE_ERR_INTERNAL,
-                        ds_error(err, r, "out of memory"));
+                return refuse(
+                        ret_wire_code, DS_WIRE_ERR_INTERNAL, ds_error(err, r, "out of memory"));
 
         if (rec->n_stop > SCHED_STOPS_MAX)
                 return refuse(ret_wire_code, DS_WIRE_ERR_BAD_REQUEST,
@@ -137,12 +136,11 @@ int admit_submit(Engine *e, const struct ds_wire_submit *rec, const uint8_t *dat
                 if (!req->stops)
                         return refuse(ret_wire_code, DS_WIRE_ERR_INTERNAL,
                                 ds_error(err, -ENOMEM, "out of memory"));
-                while ((r = wire_stops_next((const uint8_t *) stops, rec->stop.len, &pos, &s,
-                                &n)) > 0) {
+                while ((r = wire_stops_next((const uint8_t *) stops, rec->stop.len, &pos, &s, &n)) >
+                        0) {
                         if (memchr(s, 0, n))
                                 return refuse(ret_wire_code, DS_WIRE_ERR_BAD_REQUEST,
-                                        ds_error(err, -EINVAL,
-                                                "stop string %u contains a NUL byte",
+                                        ds_error(err, -EINVAL, "stop string %u contains a NUL byte",
                                                 req->n_stops));
                         req->stops[req->n_stops] = strndup((const char *) s, n);
                         if (!req->stops[req->n_stops])
@@ -180,14 +178,13 @@ int admit_submit(Engine *e, const struct ds_wire_submit *rec, const uint8_t *dat
         req->prompt = ids;
         if (n_ids > UINT32_MAX)
                 return refuse(ret_wire_code, DS_WIRE_ERR_PROMPT_TOO_LONG,
-                        ds_error(err, -DS_ERR_CONTEXT_FULL, "prompt too long: %zu tokens",
-                                n_ids));
+                        ds_error(err, -DS_ERR_CONTEXT_FULL, "prompt too long: %zu tokens", n_ids));
         req->n_prompt = (uint32_t) n_ids;
 
         /* 0 asks for everything the context allows; the scheduler stops there. */
         req->max_tokens = rec->max_tokens ? rec->max_tokens : cfg->max_positions;
         req->top_logprobs = rec->top_logprobs;
-        req->sampling = (BkSampling) {
+        req->sampling = (BkSampling){
                 .temperature = ws->temperature,
                 .top_k = ws->top_k,
                 .top_p = ws->top_p,

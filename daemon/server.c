@@ -17,14 +17,15 @@
 #include "session.h"
 
 #define SERVER_RING_ENTRIES 512u
-#define SERVER_EVENT_BATCH 32u
+#define SERVER_EVENT_BATCH  32u
 /* While a client is paused or the daemon stops, the loop wakes at least this often. */
 #define SERVER_TICK_USEC 10000u
 /* How long a stop waits for socket-mode clients to take their final events. */
 #define SERVER_STOP_FLUSH_USEC 1000000u
 /* The records one engine event becomes at most: a token, its text and its logprobs. */
 #define SERVER_EVENT_RECORDS                                                                       \
-        (2 + (SCHED_TEXT_MAX - DS_WIRE_TOKEN_INLINE + DS_WIRE_TEXT_INLINE - 1) / DS_WIRE_TEXT_INLINE)
+        (2 + (SCHED_TEXT_MAX - DS_WIRE_TOKEN_INLINE + DS_WIRE_TEXT_INLINE - 1) /                   \
+                        DS_WIRE_TEXT_INLINE)
 
 struct Server {
         struct io_uring ring;
@@ -36,21 +37,21 @@ struct Server {
 
         int listen_fd;
         int signal_fd;
-        int notify_fd;  /* the engine loop's; not owned */
+        int notify_fd; /* the engine loop's; not owned */
         IoOp op_accept, op_signal, op_notify, op_cancel;
         struct signalfd_siginfo siginfo; /* the signalfd read's target */
         uint64_t notify_val;             /* the notify eventfd read's target */
         unsigned n_armed;                /* operations in flight, all kinds */
 
-        Session *sessions;    /* connected; the list holds a reference on each */
-        uint32_t n_sessions;  /* of them */
-        uint32_t n_welcomed;  /* of them, past the handshake */
+        Session *sessions;   /* connected; the list holds a reference on each */
+        uint32_t n_sessions; /* of them */
+        uint32_t n_welcomed; /* of them, past the handshake */
         uint32_t next_key;
         uint64_t next_request_id;
-        uint64_t violations;  /* clients disconnected for breaking the protocol */
+        uint64_t violations; /* clients disconnected for breaking the protocol */
 
-        bool ring_ready;  /* io_uring_queue_init() succeeded */
-        bool stopping;    /* no new connections or requests; nothing is re-armed */
+        bool ring_ready; /* io_uring_queue_init() succeeded */
+        bool stopping;   /* no new connections or requests; nothing is re-armed */
         uint64_t stop_usec;
         bool events_ready;
         SchedEvent events[SERVER_EVENT_BATCH];
@@ -64,7 +65,7 @@ void server_options_init(ServerOptions *o)
         struct group grp, *g = NULL;
         char buf[4096];
 
-        *o = (ServerOptions) {
+        *o = (ServerOptions){
                 .socket_path = "/run/dsd/dsd.sock",
                 .socket_mode = 0666,
                 .max_clients = 256,
@@ -153,8 +154,7 @@ static int arm_write(Server *s, Session *c)
 
         if (!sqe)
                 return -EBUSY;
-        io_uring_prep_send(sqe, c->fd, c->out + c->out_off, c->out_len - c->out_off,
-                MSG_NOSIGNAL);
+        io_uring_prep_send(sqe, c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         return arm(s, &c->op_write, sqe);
 }
 
@@ -206,8 +206,8 @@ static void client_close(Server *s, Session *c, int level, const char *why)
                         c->key, (int) c->cred.pid, (unsigned) c->cred.uid, why, c->n_requests);
                 r = engine_loop_cancel_client(s->loop, c->key);
                 if (r < 0)
-                        log_error_errno(r, "Failed to cancel the requests of client %u: %m",
-                                c->key);
+                        log_error_errno(
+                                r, "Failed to cancel the requests of client %u: %m", c->key);
                 if (c->paused)
                         (void) engine_loop_resume_client(s->loop, c->key);
                 s->n_welcomed--;
@@ -246,12 +246,12 @@ static void client_violation(Server *s, Session *c, const char *what, int r)
         client_close(s, c, LOG_LVL_WARNING, why);
 }
 
-static void record_error(union ds_wire_slot *rec, uint64_t client_id, uint32_t code,
-        const char *msg)
+static void record_error(
+        union ds_wire_slot *rec, uint64_t client_id, uint32_t code, const char *msg)
 {
         size_t len = strnlen(msg, DS_WIRE_MESSAGE);
 
-        *rec = (union ds_wire_slot) {};
+        *rec = (union ds_wire_slot){};
         rec->error.hdr.type = DS_WIRE_ERROR;
         rec->error.hdr.request_id = client_id;
         rec->error.code = code;
@@ -274,8 +274,7 @@ static void client_queue(Server *s, Session *c, const union ds_wire_slot *recs, 
                 client_close(s, c, LOG_LVL_ERR, "out of memory for its events");
 }
 
-static void client_error(Server *s, Session *c, uint64_t client_id, uint32_t code,
-        const char *msg)
+static void client_error(Server *s, Session *c, uint64_t client_id, uint32_t code, const char *msg)
 {
         union ds_wire_slot rec;
 
@@ -374,8 +373,8 @@ static void client_submit(Server *s, Session *c, const struct ds_wire_submit *re
         int r;
 
         if (s->stopping)
-                return client_error(s, c, client_id, DS_WIRE_ERR_SHUTTING_DOWN,
-                        "the daemon is stopping");
+                return client_error(
+                        s, c, client_id, DS_WIRE_ERR_SHUTTING_DOWN, "the daemon is stopping");
         if (request_find(c, client_id)) {
                 snprintf(err.msg, sizeof(err.msg), "request id %llu is already in flight",
                         (unsigned long long) client_id);
@@ -425,8 +424,8 @@ static void client_info(Server *s, Session *c, uint64_t client_id)
 }
 
 /* One c2d record, already copied out of the ring or the frame. */
-static void client_record(Server *s, Session *c, const union ds_wire_slot *rec,
-        const uint8_t *data, uint32_t data_size)
+static void client_record(Server *s, Session *c, const union ds_wire_slot *rec, const uint8_t *data,
+        uint32_t data_size)
 {
         Request *q;
         int r;
@@ -461,8 +460,7 @@ static bool peer_allowed(const Server *s, int fd, const struct ucred *cr)
         for (size_t i = 0; i < s->opt.n_allow_gids; i++)
                 if (s->opt.allow_gids[i] == cr->gid)
                         return true;
-        if (s->opt.n_allow_gids == 0 ||
-                getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
+        if (s->opt.n_allow_gids == 0 || getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) < 0)
                 return false;
         for (size_t j = 0; j < len / sizeof(gid_t); j++)
                 for (size_t i = 0; i < s->opt.n_allow_gids; i++)
@@ -473,19 +471,18 @@ static bool peer_allowed(const Server *s, int fd, const struct ucred *cr)
 
 /* Sends the welcome frame, with the fds in ring mode. The socket is non-blocking and
  * nothing was written to it before, so the frame goes whole or the peer is broken. */
-static int send_welcome(Session *c, const struct ds_wire_welcome *w, const int *fds,
-        unsigned n_fds)
+static int send_welcome(Session *c, const struct ds_wire_welcome *w, const int *fds, unsigned n_fds)
 {
         uint32_t len = sizeof(*w);
         struct iovec iov[2] = {
-                { .iov_base = &len, .iov_len = sizeof(len) },
-                { .iov_base = (void *) w, .iov_len = sizeof(*w) },
+                {.iov_base = &len, .iov_len = sizeof(len)},
+                {.iov_base = (void *) w, .iov_len = sizeof(*w)},
         };
         union {
                 struct cmsghdr hdr;
                 char buf[CMSG_SPACE(sizeof(int) * DS_WIRE_RING_FDS)];
         } control = {};
-        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2 };
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
         ssize_t n;
 
         if (n_fds > 0) {
@@ -503,10 +500,10 @@ static int send_welcome(Session *c, const struct ds_wire_welcome *w, const int *
         return (size_t) n == sizeof(len) + sizeof(*w) ? 0 : -EAGAIN;
 }
 
-static void welcome_init(const Server *s, struct ds_wire_welcome *w, uint32_t status,
-        const char *msg)
+static void welcome_init(
+        const Server *s, struct ds_wire_welcome *w, uint32_t status, const char *msg)
 {
-        *w = (struct ds_wire_welcome) {
+        *w = (struct ds_wire_welcome){
                 .magic = DS_WIRE_MAGIC,
                 .version = DS_WIRE_VERSION,
                 .status = status,
@@ -567,7 +564,7 @@ static void client_hello(Server *s, Session *c, const uint8_t *frame)
                 }
                 w.n_fds = DS_WIRE_RING_FDS;
                 w.layout = s->layout;
-                int fds[DS_WIRE_RING_FDS] = { memfd, c->doorbell_fd, c->notify_fd };
+                int fds[DS_WIRE_RING_FDS] = {memfd, c->doorbell_fd, c->notify_fd};
                 r = send_welcome(c, &w, fds, DS_WIRE_RING_FDS);
                 c->state = SESSION_RING;
                 c->in_max = 0; /* nothing but EOF may follow on the socket */
@@ -595,25 +592,25 @@ static void client_input(Server *s, Session *c)
                 union ds_wire_slot rec;
 
                 if (c->state == SESSION_RING)
-                        return client_violation(s, c, "bytes on the socket after the welcome",
-                                -EPROTO);
+                        return client_violation(
+                                s, c, "bytes on the socket after the welcome", -EPROTO);
                 if (c->in_len < DS_WIRE_FRAME_HDR)
                         return;
                 memcpy(&len, c->in, sizeof(len));
                 if (c->state == SESSION_HELLO) {
                         if (len != sizeof(struct ds_wire_hello))
-                                return client_violation(s, c, "hello frame of a wrong length",
-                                        -EBADMSG);
+                                return client_violation(
+                                        s, c, "hello frame of a wrong length", -EBADMSG);
                 } else if (wire_frame_len_validate(len, true) < 0 ||
-                        (size_t) len + DS_WIRE_FRAME_HDR > c->in_max)
+                           (size_t) len + DS_WIRE_FRAME_HDR > c->in_max)
                         return client_violation(s, c, "frame of a wrong length", -EBADMSG);
                 total = DS_WIRE_FRAME_HDR + (size_t) len;
                 if (c->in_len < total) {
                         if (c->in_cap < total) {
                                 uint8_t *in = realloc(c->in, total);
                                 if (!in)
-                                        return client_close(s, c, LOG_LVL_ERR,
-                                                "out of memory for its input");
+                                        return client_close(
+                                                s, c, LOG_LVL_ERR, "out of memory for its input");
                                 c->in = in;
                                 c->in_cap = total;
                         }
@@ -711,7 +708,7 @@ static uint32_t token_records(const SchedEvent *ev, uint64_t client_id, int32_t 
         struct ds_wire_token *t = &recs[0].token;
         uint32_t n = 1, at;
 
-        recs[0] = (union ds_wire_slot) {};
+        recs[0] = (union ds_wire_slot){};
         t->hdr.type = DS_WIRE_TOKEN;
         t->hdr.request_id = client_id;
         t->token_id = token_id;
@@ -721,7 +718,7 @@ static uint32_t token_records(const SchedEvent *ev, uint64_t client_id, int32_t 
         memcpy(t->text, ev->text, t->inline_len);
         for (at = t->inline_len; at < ev->text_len; n++) {
                 struct ds_wire_text *x = &recs[n].text;
-                recs[n] = (union ds_wire_slot) {};
+                recs[n] = (union ds_wire_slot){};
                 x->hdr.type = DS_WIRE_TEXT;
                 x->hdr.request_id = client_id;
                 x->len = MIN(ev->text_len - at, DS_WIRE_TEXT_INLINE);
@@ -730,12 +727,12 @@ static uint32_t token_records(const SchedEvent *ev, uint64_t client_id, int32_t 
         }
         if (token_id != DS_WIRE_TOKEN_NONE && ev->n_top > 0) {
                 struct ds_wire_logprobs *l = &recs[n].logprobs;
-                recs[n] = (union ds_wire_slot) {};
+                recs[n] = (union ds_wire_slot){};
                 l->hdr.type = DS_WIRE_LOGPROBS;
                 l->hdr.request_id = client_id;
                 l->n = MIN(ev->n_top, DS_WIRE_MAX_TOP_LOGPROBS);
                 for (uint32_t i = 0; i < l->n; i++)
-                        l->top[i] = (struct ds_wire_top) { ev->top[i].id, ev->top[i].logprob };
+                        l->top[i] = (struct ds_wire_top){ev->top[i].id, ev->top[i].logprob};
                 t->logprob = ev->sampled.logprob;
                 n++;
         }
@@ -766,9 +763,9 @@ static void deliver(Server *s, const SchedEvent *ev)
                                 n = token_records(ev, q->client_id, DS_WIRE_TOKEN_NONE, recs);
                                 client_queue(s, c, recs, n);
                         }
-                        recs[0] = (union ds_wire_slot) {};
-                        recs[0].final = (struct ds_wire_final) {
-                                .hdr = { .type = DS_WIRE_FINAL, .request_id = q->client_id },
+                        recs[0] = (union ds_wire_slot){};
+                        recs[0].final = (struct ds_wire_final){
+                                .hdr = {.type = DS_WIRE_FINAL, .request_id = q->client_id},
                                 .finish = wire_finish(ev->finish),
                                 .prompt_tokens = ev->usage.prompt_tokens,
                                 .generated_tokens = ev->usage.generated_tokens,
@@ -863,8 +860,8 @@ static bool prepare_sleep(Server *s)
                         busy = true;
                 if (session_pending(c) > 0) {
                         int64_t space = ring_producer_prepare_sleep(&c->cpl);
-                        if (space < 0 || space >= 1 + c->pend[c->pend_head & (c->pend_cap - 1)]
-                                                                  .hdr.n_follow)
+                        if (space < 0 ||
+                                space >= 1 + c->pend[c->pend_head & (c->pend_cap - 1)].hdr.n_follow)
                                 busy = true;
                 }
         }
@@ -894,8 +891,7 @@ static void begin_stop(Server *s, const char *why)
         cancel_op(s, &s->op_accept);
         http_listener_stop(s->http);
         if (unlink(s->opt.socket_path) < 0 && errno != ENOENT)
-                log_warning_errno(errno, "Failed to remove '%s', ignoring: %m",
-                        s->opt.socket_path);
+                log_warning_errno(errno, "Failed to remove '%s', ignoring: %m", s->opt.socket_path);
         /* Cancels everything and joins the engine thread; a cancelled FINAL for each
          * request waits in the outbox. */
         engine_loop_stop(s->loop, false);
@@ -1008,7 +1004,7 @@ int server_run(Server *s)
                 if (prepare_sleep(s))
                         r = io_uring_submit(&s->ring);
                 else if (needs_tick(s)) {
-                        struct __kernel_timespec ts = { .tv_nsec = SERVER_TICK_USEC * 1000 };
+                        struct __kernel_timespec ts = {.tv_nsec = SERVER_TICK_USEC * 1000};
                         r = io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
                         if (r == -ETIME)
                                 r = 0;
@@ -1031,7 +1027,7 @@ int server_run(Server *s)
 
 static int listen_socket(const ServerOptions *o, DsError *err)
 {
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
         struct stat st;
         _cleanup_close_ int fd = -EBADF;
         mode_t old;
@@ -1047,8 +1043,8 @@ static int listen_socket(const ServerOptions *o, DsError *err)
         /* A socket file left by a daemon that died; anything else there is not ours. */
         if (lstat(o->socket_path, &st) == 0) {
                 if (!S_ISSOCK(st.st_mode))
-                        return ds_error(err, -EEXIST, "'%s' exists and is not a socket",
-                                o->socket_path);
+                        return ds_error(
+                                err, -EEXIST, "'%s' exists and is not a socket", o->socket_path);
                 if (unlink(o->socket_path) < 0)
                         return ds_error(err, -errno, "cannot remove the stale socket '%s': %m",
                                 o->socket_path);
@@ -1064,8 +1060,8 @@ static int listen_socket(const ServerOptions *o, DsError *err)
         return TAKE_FD(fd);
 }
 
-int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *o,
-        Server **ret, DsError *err)
+int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *o, Server **ret,
+        DsError *err)
 {
         _cleanup_(server_freep) Server *s = NULL;
         const BkConfig *cfg = &e->model->bk.cfg;
@@ -1081,10 +1077,10 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
         s->loop = loop;
         s->notify_fd = notify_fd;
         s->opt = *o;
-        s->op_accept = (IoOp) { .kind = IO_ACCEPT };
-        s->op_signal = (IoOp) { .kind = IO_SIGNAL };
-        s->op_notify = (IoOp) { .kind = IO_NOTIFY };
-        s->op_cancel = (IoOp) { .kind = IO_CANCEL };
+        s->op_accept = (IoOp){.kind = IO_ACCEPT};
+        s->op_signal = (IoOp){.kind = IO_SIGNAL};
+        s->op_notify = (IoOp){.kind = IO_NOTIFY};
+        s->op_cancel = (IoOp){.kind = IO_CANCEL};
 
         r = wire_layout_init(o->sub_slots, o->cpl_slots, o->data_size, &s->layout);
         if (r < 0)
@@ -1095,8 +1091,8 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
         base = strrchr(e->model->dir, '/');
         base = base && base[1] ? base + 1 : e->model->dir;
         snprintf(s->info.model, sizeof(s->info.model), "%s", base);
-        s->info.context_length = (uint32_t) MIN((uint64_t) cfg->max_positions,
-                (uint64_t) e->kv.n_total * e->block_tokens);
+        s->info.context_length = (uint32_t) MIN(
+                (uint64_t) cfg->max_positions, (uint64_t) e->kv.n_total * e->block_tokens);
         s->info.vocab_size = tokenizer_n_vocab(e->tok);
         s->info.kv_bytes_per_token = e->ops->kv_bytes_per_token(e->be);
         s->info.kv_block_tokens = e->block_tokens;

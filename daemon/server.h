@@ -20,22 +20,22 @@ struct HttpConfig;
 
 typedef struct ServerOptions {
         const char *socket_path;
-        mode_t socket_mode;         /* of the socket file; the allow-list is the policy */
+        mode_t socket_mode; /* of the socket file; the allow-list is the policy */
         /* A peer is allowed when its uid is in allow_uids or its primary or a
          * supplementary gid is in allow_gids. */
         uid_t allow_uids[SERVER_IDS_MAX];
         size_t n_allow_uids;
         gid_t allow_gids[SERVER_IDS_MAX];
         size_t n_allow_gids;
-        uint32_t max_clients;        /* connections at once */
-        uint32_t max_requests;       /* in flight per client */
-        uint32_t max_pending;        /* undelivered event records per client: past it the
-                                      * client's requests are paused */
-        uint32_t slow_timeout_ms;    /* paused this long: they fail as too slow */
-        uint32_t sub_slots;          /* per segment, powers of two */
+        uint32_t max_clients;     /* connections at once */
+        uint32_t max_requests;    /* in flight per client */
+        uint32_t max_pending;     /* undelivered event records per client: past it the
+                                   * client's requests are paused */
+        uint32_t slow_timeout_ms; /* paused this long: they fail as too slow */
+        uint32_t sub_slots;       /* per segment, powers of two */
         uint32_t cpl_slots;
-        uint32_t data_size;          /* data area bytes; also bounds socket-mode frames */
-        uint32_t max_queue;          /* the engine's queue bound, for the welcome */
+        uint32_t data_size;            /* data area bytes; also bounds socket-mode frames */
+        uint32_t max_queue;            /* the engine's queue bound, for the welcome */
         const struct HttpConfig *http; /* NULL or listen "": no HTTP listener */
 } ServerOptions;
 
@@ -48,8 +48,8 @@ typedef struct Server Server;
 
 /* Binds the socket (removing a stale socket file) and sets up the ring. The engine loop
  * runs already and adds to notify_fd when it has events; neither is owned. */
-int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *o,
-        Server **ret, DsError *err);
+int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *o, Server **ret,
+        DsError *err);
 
 /* Serves until SIGTERM or SIGINT (blocked by the caller in every thread), then stops
  * accepting, cancels the work in flight, delivers a final event for each request and

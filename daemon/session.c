@@ -7,11 +7,11 @@
 
 #include "session.h"
 
-#define SESSION_IN_INITIAL 4096u
+#define SESSION_IN_INITIAL   4096u
 #define SESSION_PEND_INITIAL 64u
 /* Frames one socket-mode write carries at most. */
 #define SESSION_OUT_FRAMES 64u
-#define SESSION_FRAME (DS_WIRE_FRAME_HDR + DS_WIRE_SLOT_SIZE)
+#define SESSION_FRAME      (DS_WIRE_FRAME_HDR + DS_WIRE_SLOT_SIZE)
 
 int session_new(int fd, uint32_t key, const SessionLimits *lim, Session **ret)
 {
@@ -35,9 +35,9 @@ int session_new(int fd, uint32_t key, const SessionLimits *lim, Session **ret)
                 session_unref(s);
                 return -ENOMEM;
         }
-        s->op_read = (IoOp) { .kind = IO_READ, .session = s };
-        s->op_write = (IoOp) { .kind = IO_WRITE, .session = s };
-        s->op_doorbell = (IoOp) { .kind = IO_DOORBELL, .session = s };
+        s->op_read = (IoOp){.kind = IO_READ, .session = s};
+        s->op_write = (IoOp){.kind = IO_WRITE, .session = s};
+        s->op_doorbell = (IoOp){.kind = IO_DOORBELL, .session = s};
         *ret = s;
         return 0;
 }

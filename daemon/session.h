@@ -60,12 +60,12 @@ typedef struct IoOp {
  * request's userdata and holds a reference on its session. */
 struct Request {
         Session *session;
-        uint64_t client_id; /* the client's hdr.request_id */
-        uint64_t id;        /* daemon-wide, SchedRequest.id */
+        uint64_t client_id;     /* the client's hdr.request_id */
+        uint64_t id;            /* daemon-wide, SchedRequest.id */
         uint64_t last_token_ns; /* the previous token's publish time, for the metrics */
-        bool answered;      /* the client got its last event already (failed as too slow):
-                             * the engine's remaining events for it are dropped */
-        Request *prev, *next; /* the session's list */
+        bool answered;          /* the client got its last event already (failed as too slow):
+                                 * the engine's remaining events for it are dropped */
+        Request *prev, *next;   /* the session's list */
 };
 
 /* Per-client bounds, copied from the server's options. */
@@ -78,13 +78,13 @@ typedef struct SessionLimits {
 struct Session {
         unsigned n_ref;
         SessionState state;
-        uint32_t key;       /* SchedRequest.client: unique for the daemon's life */
-        int fd;             /* the connection, non-blocking */
-        int doorbell_fd;    /* ring mode: the eventfd the client writes, else -EBADF */
-        int notify_fd;      /* ring mode: the eventfd we write for a client that polls */
-        struct ucred cred;  /* SO_PEERCRED at accept */
-        char name[32];      /* from the hello, for logs */
-        bool allowed;       /* the credential check passed at accept */
+        uint32_t key;      /* SchedRequest.client: unique for the daemon's life */
+        int fd;            /* the connection, non-blocking */
+        int doorbell_fd;   /* ring mode: the eventfd the client writes, else -EBADF */
+        int notify_fd;     /* ring mode: the eventfd we write for a client that polls */
+        struct ucred cred; /* SO_PEERCRED at accept */
+        char name[32];     /* from the hello, for logs */
+        bool allowed;      /* the credential check passed at accept */
         SessionLimits lim;
 
         /* Ring mode. The layout is our copy; the segment's header is never read back. */
@@ -95,10 +95,10 @@ struct Session {
         Ring cpl; /* we produce */
 
         /* Socket input: frames being assembled. */
-        uint8_t *in;    /* (in_cap) */
+        uint8_t *in; /* (in_cap) */
         size_t in_len;
         size_t in_cap;
-        size_t in_max;  /* the largest frame plus its length word we accept */
+        size_t in_max; /* the largest frame plus its length word we accept */
 
         /* Socket output (socket mode): frames being sent. */
         uint8_t *out;   /* (out_cap) */
@@ -113,8 +113,8 @@ struct Session {
         bool paused;          /* its requests are paused in the engine */
         uint64_t paused_usec; /* when */
 
-        Request *requests;    /* in flight, not yet finished by the engine */
-        uint32_t n_requests;  /* of them, those not answered */
+        Request *requests;   /* in flight, not yet finished by the engine */
+        uint32_t n_requests; /* of them, those not answered */
 
         uint64_t doorbell_val; /* the eventfd read's target */
         IoOp op_read, op_write, op_doorbell;

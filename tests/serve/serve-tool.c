@@ -166,8 +166,8 @@ static int cmd_flood(const char *sock, int n, uint32_t max_tokens)
                                 other++;
                 }
         }
-        printf("{\"finals\": %d, \"busy\": %d, \"other\": %d, \"busy_message\": \"%s\"}\n",
-                finals, busy, other, busy_msg);
+        printf("{\"finals\": %d, \"busy\": %d, \"other\": %d, \"busy_message\": \"%s\"}\n", finals,
+                busy, other, busy_msg);
         ds_close(c);
         return done == n ? 0 : 1;
 }
@@ -239,10 +239,18 @@ static int cmd_hostile(const char *sock, uint64_t seed)
                         size_t at = (size_t) (rnd(&s) % (size / 4)) * 4;
                         uint32_t word;
                         switch (v % 4) {
-                        case 0: word = UINT32_MAX - (uint32_t) (v >> 40); break; /* near 2^32 */
-                        case 1: word = (uint32_t) (v >> 32); break;
-                        case 2: word = (uint32_t) (v >> 50); break; /* small */
-                        default: word = 0x80000000u + (uint32_t) (v >> 48); break;
+                        case 0:
+                                word = UINT32_MAX - (uint32_t) (v >> 40);
+                                break; /* near 2^32 */
+                        case 1:
+                                word = (uint32_t) (v >> 32);
+                                break;
+                        case 2:
+                                word = (uint32_t) (v >> 50);
+                                break; /* small */
+                        default:
+                                word = 0x80000000u + (uint32_t) (v >> 48);
+                                break;
                         }
                         /* Aim at the header and the ring control blocks half of the time. */
                         if (v & 1)

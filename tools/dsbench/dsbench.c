@@ -31,9 +31,9 @@ static const char *arg_socket;
 static uint32_t arg_clients = 1;
 static uint32_t arg_concurrency = 1;
 static uint32_t arg_requests = 16; /* per client */
-static Range arg_prompt_words = { 16, 16 };
-static Range arg_max_tokens = { 128, 128 };
-static double arg_rate;            /* requests/s over all clients; 0: closed loop */
+static Range arg_prompt_words = {16, 16};
+static Range arg_max_tokens = {128, 128};
+static double arg_rate; /* requests/s over all clients; 0: closed loop */
 static bool arg_spin;
 static bool arg_socket_only;
 static uint64_t arg_seed = 1;
@@ -89,14 +89,14 @@ typedef struct Child {
 
 static void emit(Child *ch, uint32_t kind, int32_t code, double v)
 {
-        Sample s = { kind, code, v };
+        Sample s = {kind, code, v};
         fwrite(&s, sizeof(s), 1, ch->out);
 }
 
 static int child_submit(Child *ch, Slot *sl)
 {
-        static const char *const words[] = { "the", "little", "dog", "ran", "to", "a", "big",
-                "tree", "and", "saw", "bird", "happy" };
+        static const char *const words[] = {"the", "little", "dog", "ran", "to", "a", "big", "tree",
+                "and", "saw", "bird", "happy"};
         uint32_t n = pick(arg_prompt_words, &ch->seed);
         ds_request req;
         size_t len = 0;
@@ -136,8 +136,9 @@ static int child_next(Child *ch, uint64_t deadline_ns)
         for (;;) {
                 uint64_t now = mono_ns();
                 int timeout = arg_spin || deadline_ns <= now ? 0
-                        : deadline_ns == UINT64_MAX          ? -1
-                                                             : (int) ((deadline_ns - now + 999999) / 1000000);
+                              : deadline_ns == UINT64_MAX
+                                      ? -1
+                                      : (int) ((deadline_ns - now + 999999) / 1000000);
                 int r = ds_next(ch->c, timeout, &ch->ev);
                 if (r != 0 || mono_ns() >= deadline_ns)
                         return r;
@@ -146,7 +147,7 @@ static int child_next(Child *ch, uint64_t deadline_ns)
 
 static int child_run(uint32_t index, FILE *out)
 {
-        Child ch = { .out = out, .seed = arg_seed * 7919 + index + 1 };
+        Child ch = {.out = out, .seed = arg_seed * 7919 + index + 1};
         uint32_t started = 0, done = 0, in_flight = 0;
         double rate = arg_rate / arg_clients; /* this process's share */
         uint64_t next_arrival = mono_ns();
@@ -301,8 +302,8 @@ static void print_dist(FILE *f, const char *name, Vec *x, bool json, bool last)
                         "\"p99_us\": %.1f}%s\n",
                         name, x->n, pct(x, 50), pct(x, 90), pct(x, 99), last ? "" : ",");
         else
-                fprintf(f, "  %-22s n=%-7zu p50 %10.1f us  p90 %10.1f us  p99 %10.1f us\n",
-                        name, x->n, pct(x, 50), pct(x, 90), pct(x, 99));
+                fprintf(f, "  %-22s n=%-7zu p50 %10.1f us  p90 %10.1f us  p99 %10.1f us\n", name,
+                        x->n, pct(x, 50), pct(x, 90), pct(x, 99));
 }
 
 /* ---- options ---- */
@@ -313,9 +314,9 @@ static int parse_range(const char *opt, const char *s, Range *ret)
         char tail;
 
         if (sscanf(s, "%u:%u%c", &lo, &hi, &tail) == 2 && lo <= hi)
-                *ret = (Range) { lo, hi };
+                *ret = (Range){lo, hi};
         else if (sscanf(s, "%u%c", &lo, &tail) == 1)
-                *ret = (Range) { lo, lo };
+                *ret = (Range){lo, lo};
         else {
                 fprintf(stderr, "dsbench: %s: '%s' is not N or MIN:MAX\n", opt, s);
                 return -EINVAL;
@@ -362,25 +363,31 @@ static void help(void)
 static int parse_argv(int argc, char **argv)
 {
         enum {
-                ARG_SOCKET = 0x100, ARG_CLIENTS, ARG_CONCURRENCY, ARG_REQUESTS, ARG_PROMPT,
-                ARG_MAX_TOKENS, ARG_RATE, ARG_SPIN, ARG_SOCKET_ONLY, ARG_SEED, ARG_JSON, ARG_RTT,
+                ARG_SOCKET = 0x100,
+                ARG_CLIENTS,
+                ARG_CONCURRENCY,
+                ARG_REQUESTS,
+                ARG_PROMPT,
+                ARG_MAX_TOKENS,
+                ARG_RATE,
+                ARG_SPIN,
+                ARG_SOCKET_ONLY,
+                ARG_SEED,
+                ARG_JSON,
+                ARG_RTT,
         };
-        static const struct option options[] = {
-                { "help", no_argument, NULL, 'h' },
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "clients", required_argument, NULL, ARG_CLIENTS },
-                { "concurrency", required_argument, NULL, ARG_CONCURRENCY },
-                { "requests", required_argument, NULL, ARG_REQUESTS },
-                { "prompt-words", required_argument, NULL, ARG_PROMPT },
-                { "max-tokens", required_argument, NULL, ARG_MAX_TOKENS },
-                { "rate", required_argument, NULL, ARG_RATE },
-                { "spin", no_argument, NULL, ARG_SPIN },
-                { "socket-only", no_argument, NULL, ARG_SOCKET_ONLY },
-                { "seed", required_argument, NULL, ARG_SEED },
-                { "rtt-rounds", required_argument, NULL, ARG_RTT },
-                { "json", required_argument, NULL, ARG_JSON },
-                {}
-        };
+        static const struct option options[] = {{"help", no_argument, NULL, 'h'},
+                {"socket", required_argument, NULL, ARG_SOCKET},
+                {"clients", required_argument, NULL, ARG_CLIENTS},
+                {"concurrency", required_argument, NULL, ARG_CONCURRENCY},
+                {"requests", required_argument, NULL, ARG_REQUESTS},
+                {"prompt-words", required_argument, NULL, ARG_PROMPT},
+                {"max-tokens", required_argument, NULL, ARG_MAX_TOKENS},
+                {"rate", required_argument, NULL, ARG_RATE}, {"spin", no_argument, NULL, ARG_SPIN},
+                {"socket-only", no_argument, NULL, ARG_SOCKET_ONLY},
+                {"seed", required_argument, NULL, ARG_SEED},
+                {"rtt-rounds", required_argument, NULL, ARG_RTT},
+                {"json", required_argument, NULL, ARG_JSON}, {}};
         uint32_t seed;
         char *end;
         int c, r;
@@ -551,8 +558,7 @@ int main(int argc, char **argv)
                         "  \"prompt_words\": [%u, %u], \"max_tokens\": [%u, %u],\n"
                         "  \"loop\": \"%s\", \"rate\": %.3f, \"wait\": \"%s\", \"transport\": "
                         "\"%s\",\n"
-                        "  \"seconds\": %.3f, \"requests\": %" PRIu64 ", \"errors\": %" PRIu64
-                        ",\n"
+                        "  \"seconds\": %.3f, \"requests\": %" PRIu64 ", \"errors\": %" PRIu64 ",\n"
                         "  \"generated_tokens\": %" PRIu64 ", \"prompt_tokens\": %" PRIu64 ",\n"
                         "  \"generated_tokens_per_s\": %.1f, \"requests_per_s\": %.3f,\n"
                         "  \"latency\": {\n",
