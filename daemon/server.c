@@ -898,13 +898,14 @@ static void begin_stop(Server *s, const char *why)
         drain_events(s);
 }
 
-/* Stopped and every client has taken its final events, or the deadline passed. */
+/* Stopped and every client has taken its final events (into its ring or off the socket),
+ * or the deadline passed. */
 static bool stop_done(const Server *s, uint64_t now)
 {
         if (now - s->stop_usec >= SERVER_STOP_FLUSH_USEC)
                 return true;
         for (const Session *c = s->sessions; c; c = c->next)
-                if (c->state == SESSION_SOCKET && (session_pending(c) > 0 || c->op_write.armed))
+                if (session_pending(c) > 0 || (c->state == SESSION_SOCKET && c->op_write.armed))
                         return false;
         return true;
 }
