@@ -422,10 +422,14 @@ static int model_check(const BkModel *m, DsError *err)
                 c->vocab_sample > c->vocab_size || c->max_positions == 0 || !m->layers ||
                 !m->embed.data || !m->final_norm.data)
                 return ds_error(err, -DS_ERR_FORMAT, "inconsistent model dimensions");
-        if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->hidden > 8192)
+        /* The attention kernel reads keys 16 bytes at a time and gives each of its
+         * ATT_CHUNK threads a pair of value dimensions. */
+        if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->hidden > 8192 ||
+                c->head_dim % 8 != 0 || c->head_dim > 2 * ATT_CHUNK)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "%u query heads per KV head or hidden %u: more than the kernels hold",
-                        c->n_heads / c->n_kv_heads, c->hidden);
+                        "%u query heads per KV head, hidden %u or head_dim %u: not what the "
+                        "kernels hold",
+                        c->n_heads / c->n_kv_heads, c->hidden, c->head_dim);
         r = cpu_linear_check(&m->lm_head, c->hidden, c->vocab_size, "lm_head", err);
         if (r < 0)
                 return r;

@@ -63,45 +63,66 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
         k_embed<<<rows, 256, 0, st>>>(embed, meta.tokens, hidden, x);
 }
 
-/* One block per output row; the row's sums are kept in shared memory (hidden floats). */
-__global__ void k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, const float *w, float *xn, uint32_t hidden, float eps,
-        const uint32_t *out_row, bool write_res)
+/* One block of ADD_NORM_THREADS per output row; thread t owns elements t + j * blockDim
+ * (j < ADD_NORM_PER), kept in registers. The partial slices are read slice by slice for all
+ * of a thread's elements at once, so the loads of one slice are in flight together and the
+ * sum keeps the fixed order s = 0, 1, ... (hidden <= ADD_NORM_THREADS * ADD_NORM_PER). */
+#define ADD_NORM_THREADS 1024
+#define ADD_NORM_PER     8
+
+__global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
+        const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+        const float *__restrict__ bias, const float *__restrict__ w, float *xn, uint32_t hidden,
+        float eps, const uint32_t *out_row, bool write_res)
 {
-        extern __shared__ float sh[];
-        float *red = sh, *v = sh + 32;
+        __shared__ float red[32];
         uint32_t j = blockIdx.x, r = out_row ? out_row[j] : j;
+        size_t row = (size_t) r * hidden;
+        float y[ADD_NORM_PER], a[ADD_NORM_PER];
         float ss = 0.0f;
 
-        for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-                size_t at = (size_t) r * hidden + i;
-                float a = x[at];
-                if (part) {
+#pragma unroll
+        for (uint32_t e = 0; e < ADD_NORM_PER; e++)
+                y[e] = 0.0f;
+        if (part) {
+#pragma unroll 4
+                for (uint32_t s = 0; s < splits; s++)
+#pragma unroll
+                        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                                uint32_t i = threadIdx.x + e * blockDim.x;
+                                if (i < hidden)
+                                        y[e] += part[s * slice_stride + row + i];
+                        }
+        }
+#pragma unroll
+        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                uint32_t i = threadIdx.x + e * blockDim.x;
+                a[e] = 0.0f;
+                if (i < hidden) {
                         /* The linear's own sum first, then the residual, as the CPU adds. */
-                        float y = 0.0f;
-                        for (uint32_t s = 0; s < splits; s++)
-                                y += part[s * slice_stride + at];
-                        if (bias)
-                                y += bias[i];
-                        a += y;
+                        a[e] = x[row + i];
+                        if (part)
+                                a[e] += bias ? y[e] + bias[i] : y[e];
+                        if (write_res)
+                                x[row + i] = a[e];
+                        ss += a[e] * a[e];
                 }
-                if (write_res)
-                        x[at] = a;
-                v[i] = a;
-                ss += a * a;
         }
         ss = block_sum(ss, red);
         float inv = 1.0f / sqrtf(ss / (float) hidden + eps);
-        for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x)
-                xn[(size_t) j * hidden + i] = w[i] * (v[i] * inv);
+#pragma unroll
+        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                uint32_t i = threadIdx.x + e * blockDim.x;
+                if (i < hidden)
+                        xn[(size_t) j * hidden + i] = w[i] * (a[e] * inv);
+        }
 }
 
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const float *w, float *xn, uint32_t rows,
         uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
-        size_t smem = (32 + (size_t) hidden) * sizeof(float);
-        k_add_norm<<<rows, 512, smem, st>>>(x, part, splits, slice_stride, bias, w, xn, hidden,
+        k_add_norm<<<rows, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, w, xn, hidden,
                 eps, out_row, write_res);
 }
 
@@ -114,38 +135,38 @@ __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, si
         return bias ? y + bias[col] : y;
 }
 
-/* One block per row. Pairs (i, i + head_dim/2) of each q and k head, then v. */
-__global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, const uint32_t *pos, const uint32_t *slot, const float *inv_freq,
-        float af, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, float *q_out,
-        __half *k_cache, __half *v_cache)
+/* One block of head_dim/2 threads per (row, head): heads below n_heads are q, then k, then
+ * v. Thread i rotates the pair (i, i + head_dim/2) of a q or k head, or copies elements i
+ * and i + head_dim/2 of a v head into the cache. */
+__global__ void k_rope_kv(const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+        const float *__restrict__ bias, const uint32_t *pos, const uint32_t *slot,
+        const float *inv_freq, float af, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd,
+        float *q_out, __half *k_cache, __half *v_cache)
 {
-        uint32_t r = blockIdx.x, half = hd / 2;
+        uint32_t r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
         uint32_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, n = q_dim + 2 * kv_dim;
+        uint32_t col = h * hd + i;
         size_t row = (size_t) r * n;
         size_t kv_at = (size_t) slot[r] * kv_dim;
-        float p = (float) pos[r];
+        float a = sum_part(part, splits, slice_stride, row + col, bias, col);
+        float b = sum_part(part, splits, slice_stride, row + col + half, bias, col + half);
 
-        for (uint32_t idx = threadIdx.x; idx < (n_heads + n_kv_heads) * half; idx += blockDim.x) {
-                uint32_t h = idx / half, i = idx % half;
-                uint32_t col = h * hd + i;
-                float a = sum_part(part, splits, slice_stride, row + col, bias, col);
-                float b = sum_part(part, splits, slice_stride, row + col + half, bias, col + half);
-                float freq = p * inv_freq[i];
-                float c = cosf(freq) * af, s = sinf(freq) * af;
-                float ra = a * c - b * s, rb = b * c + a * s;
-                if (h < n_heads) {
-                        q_out[(size_t) r * q_dim + col] = ra;
-                        q_out[(size_t) r * q_dim + col + half] = rb;
-                } else {
-                        k_cache[kv_at + col - q_dim] = __float2half(ra);
-                        k_cache[kv_at + col + half - q_dim] = __float2half(rb);
-                }
+        if (h >= n_heads + n_kv_heads) {
+                v_cache[kv_at + col - q_dim - kv_dim] = __float2half(a);
+                v_cache[kv_at + col + half - q_dim - kv_dim] = __float2half(b);
+                return;
         }
-        for (uint32_t i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-                uint32_t col = q_dim + kv_dim + i;
-                v_cache[kv_at + i] =
-                        __float2half(sum_part(part, splits, slice_stride, row + col, bias, col));
+        float c, sn;
+        sincosf((float) pos[r] * inv_freq[i], &sn, &c);
+        c *= af;
+        sn *= af;
+        float ra = a * c - b * sn, rb = b * c + a * sn;
+        if (h < n_heads) {
+                q_out[(size_t) r * q_dim + col] = ra;
+                q_out[(size_t) r * q_dim + col + half] = rb;
+        } else {
+                k_cache[kv_at + col - q_dim] = __float2half(ra);
+                k_cache[kv_at + col + half - q_dim] = __float2half(rb);
         }
 }
 
@@ -154,9 +175,10 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
         float attention_factor, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
         float *q_out, __half *k_cache, __half *v_cache)
 {
-        k_rope_kv<<<rows, 256, 0, st>>>(part, splits, slice_stride, bias, meta.pos, meta.slot,
-                inv_freq, attention_factor, n_heads, n_kv_heads, head_dim, q_out, k_cache,
-                v_cache);
+        dim3 grid(rows, n_heads + 2 * n_kv_heads);
+        k_rope_kv<<<grid, head_dim / 2, 0, st>>>(part, splits, slice_stride, bias, meta.pos,
+                meta.slot, inv_freq, attention_factor, n_heads, n_kv_heads, head_dim, q_out,
+                k_cache, v_cache);
 }
 
 __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride,
@@ -190,11 +212,12 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
         uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, float scale, float *acc_out,
         float2 *ml_out)
 {
-        extern __shared__ float sh[];
+        extern __shared__ float4 sh4[];
         uint32_t g = n_heads / n_kv_heads, kvh = blockIdx.y, kv_dim = n_kv_heads * hd;
-        float *q_s = sh;                         /* (g, hd) */
-        float *p_s = q_s + g * hd;               /* (g, ATT_CHUNK) */
-        uint32_t *slot_s = (uint32_t *) (p_s + g * ATT_CHUNK); /* (ATT_CHUNK) */
+        float *q_s = (float *) sh4;                            /* (g, hd) */
+        float *p_s = q_s + g * hd;                             /* (g, ATT_CHUNK) */
+        float *o_s = p_s + g * ATT_CHUNK;                      /* (g, hd) */
+        uint32_t *slot_s = (uint32_t *) (o_s + g * hd);        /* (ATT_CHUNK) */
         float *ml_s = (float *) (slot_s + ATT_CHUNK);          /* (g, 2) */
         uint32_t n_items = meta[0];
         const int4 *items = (const int4 *) (meta + meta[1]);
@@ -215,21 +238,44 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 }
                 __syncthreads();
 
-                /* scores: thread t takes position t0 + t for the g heads */
+                /* scores: thread t takes position t0 + t for the g heads, reading its key 16
+                 * bytes at a time (head_dim % 8 == 0) against q broadcast from shared memory */
                 if (t < n) {
-                        const __half2 *k2 =
-                                (const __half2 *) (k_cache + (size_t) slot_s[t] * kv_dim + kvh * hd);
+                        const uint4 *k8 =
+                                (const uint4 *) (k_cache + (size_t) slot_s[t] * kv_dim + kvh * hd);
                         float sc[ATT_GROUP_MAX];
 #pragma unroll
                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
                                 sc[h] = 0.0f;
-                        for (uint32_t d = 0; d < hd / 2; d++) {
-                                float2 kf = __half22float2(k2[d]);
+                        for (uint32_t d8 = 0; d8 < hd / 8; d8 += 2) {
+                                uint4 u[2];
+                                u[0] = __ldg(k8 + d8);
+                                u[1] = d8 + 1 < hd / 8 ? __ldg(k8 + d8 + 1) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
-                                        if (h < g)
-                                                sc[h] += q_s[h * hd + 2 * d] * kf.x +
-                                                         q_s[h * hd + 2 * d + 1] * kf.y;
+                                for (uint32_t v = 0; v < 2; v++) {
+                                        if (d8 + v >= hd / 8)
+                                                break;
+                                        float kf[8];
+                                        const uint32_t *uw = (const uint32_t *) &u[v];
+#pragma unroll
+                                        for (uint32_t j = 0; j < 4; j++) {
+                                                float2 f = __half22float2(
+                                                        *reinterpret_cast<const __half2 *>(&uw[j]));
+                                                kf[2 * j] = f.x;
+                                                kf[2 * j + 1] = f.y;
+                                        }
+                                        uint32_t d = 8 * (d8 + v);
+#pragma unroll
+                                        for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
+                                                if (h >= g)
+                                                        break;
+                                                const float4 *qa = (const float4 *) (q_s + h * hd + d);
+                                                float4 x0 = qa[0], x1 = qa[1];
+                                                sc[h] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] +
+                                                         x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
+                                                         x1.z * kf[6] + x1.w * kf[7];
+                                        }
+                                }
                         }
 #pragma unroll
                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
@@ -258,15 +304,55 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 }
                 __syncthreads();
 
-                /* weighted values: thread takes (head, dim) pairs */
-                for (uint32_t idx = t; idx < g * hd; idx += blockDim.x) {
-                        uint32_t h = idx / hd, d = idx % hd;
-                        const __half *v = v_cache + kvh * hd + d;
-                        float a = 0.0f;
-                        for (uint32_t i = 0; i < n; i++)
-                                a += p_s[h * ATT_CHUNK + i] * __half2float(v[(size_t) slot_s[i] * kv_dim]);
-                        acc_out[((size_t) it * n_heads + kvh * g + h) * hd + d] = a;
+                /* weighted values: thread t takes the dimension pair d2 = t % (hd/2) for
+                 * every head, over the positions of its share (t / (hd/2)) of the item; a
+                 * warp reads whole value rows. The shares are then added in order. */
+                uint32_t pairs = hd / 2, shares = blockDim.x / pairs;
+                uint32_t d2 = t % pairs, share = t / pairs;
+                uint32_t per = (n + shares - 1) / shares;
+                uint32_t i0 = share * per, i1 = min(n, i0 + per);
+                float2 acc[ATT_GROUP_MAX];
+#pragma unroll
+                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
+                        acc[h] = make_float2(0.0f, 0.0f);
+                if (share < shares) {
+                        const __half2 *v2 = (const __half2 *) (v_cache + kvh * hd) + d2;
+#pragma unroll 4
+                        for (uint32_t i = i0; i < i1; i++) {
+                                float2 v = __half22float2(v2[(size_t) slot_s[i] * (kv_dim / 2)]);
+#pragma unroll
+                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
+                                        if (h >= g)
+                                                break;
+                                        float p = p_s[h * ATT_CHUNK + i];
+                                        acc[h].x += p * v.x;
+                                        acc[h].y += p * v.y;
+                                }
+                        }
                 }
+                for (uint32_t sh = 1; sh < shares; sh++) {
+                        if (share == sh)
+#pragma unroll
+                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
+                                        if (h < g)
+                                                ((float2 *) o_s)[h * pairs + d2] = acc[h];
+                        __syncthreads();
+                        if (share == 0)
+#pragma unroll
+                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
+                                        if (h < g) {
+                                                float2 o = ((const float2 *) o_s)[h * pairs + d2];
+                                                acc[h].x += o.x;
+                                                acc[h].y += o.y;
+                                        }
+                        __syncthreads();
+                }
+                if (share == 0)
+#pragma unroll
+                        for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
+                                if (h < g)
+                                        ((float2 *) (acc_out + ((size_t) it * n_heads + kvh * g + h) *
+                                                                      hd))[d2] = acc[h];
                 if (t < g)
                         ml_out[(size_t) it * n_heads + kvh * g + t] =
                                 make_float2(ml_s[2 * t], ml_s[2 * t + 1]);
@@ -278,7 +364,7 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
         uint32_t head_dim, float *acc, float2 *ml)
 {
         uint32_t g = n_heads / n_kv_heads;
-        size_t smem = ((size_t) g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
+        size_t smem = ((size_t) 2 * g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
                       sizeof(float);
         float scale = (float) (1.0 / sqrt((double) head_dim));
         dim3 blocks(grid, n_kv_heads);
