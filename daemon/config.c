@@ -66,6 +66,7 @@ static const ConfigField config_fields[] = {
         F("socket.allowed_gids",            FT_GIDS,        allowed_gids,                       0,        0,            ""),
         F("log_level",                      FT_LOG_LEVEL,   log_level,                          0,        0,            "info"),
         F("bus",                            FT_BUS,         bus,                                0,        0,            "system"),
+        F("stop_timeout_sec",               FT_U32,         stop_timeout_sec,                   1,        3600,         "60"),
 };
 
 #undef F
@@ -527,6 +528,36 @@ static cJSON *text_to_json(const ConfigField *f, const char *s)
         }
 }
 
+/* "http" replaces the object with JSON text; "http.listen" sets one member of it. Its
+ * other members are daemon/http's to check. */
+static int http_set(DsdConfig *c, const char *source, const char *key, const char *value,
+        DsError *err)
+{
+        _cleanup_(cjson_deletep) cJSON *obj = NULL;
+        _cleanup_free_ char *text = NULL;
+
+        if (!strcmp(key, "http")) {
+                obj = cJSON_Parse(value);
+                if (!cJSON_IsObject(obj))
+                        return ds_error(err, -EINVAL, "%s: field 'http': not a JSON object",
+                                source);
+        } else {
+                obj = c->http[0] ? cJSON_Parse(c->http) : cJSON_CreateObject();
+                if (!obj)
+                        return ds_error(err, -ENOMEM, "%s: out of memory", source);
+                cJSON_DeleteItemFromObjectCaseSensitive(obj, "listen");
+                if (!cJSON_AddStringToObject(obj, "listen", value))
+                        return ds_error(err, -ENOMEM, "%s: out of memory", source);
+        }
+        text = cJSON_PrintUnformatted(obj);
+        if (!text)
+                return ds_error(err, -ENOMEM, "%s: out of memory", source);
+        if (strlen(text) >= sizeof(c->http))
+                return ds_error(err, -E2BIG, "%s: field 'http': too large", source);
+        strcpy(c->http, text);
+        return 0;
+}
+
 int config_set(DsdConfig *c, const char *source, const char *key, const char *value,
         DsError *err)
 {
@@ -539,6 +570,8 @@ int config_set(DsdConfig *c, const char *source, const char *key, const char *va
 
         if (!c || !source || !key || !value)
                 return -EINVAL;
+        if (!strcmp(key, "http") || !strcmp(key, "http.listen"))
+                return http_set(c, source, key, value, err);
         f = field_find(key);
         if (!f)
                 return ds_error(err, -EINVAL, "%s: unknown field '%s'", source, key);
@@ -592,6 +625,19 @@ static int apply_object(const Origin *o, DsError *err, const cJSON *obj, const c
                         if (strcmp(p->string, v->string) == 0)
                                 return field_fail_msg(o, err, key, "appears more than once");
 
+                /* The HTTP listener's object: daemon/http parses and checks it. */
+                if (!prefix[0] && strcmp(v->string, "http") == 0) {
+                        _cleanup_free_ char *text = NULL;
+                        if (cJSON_IsNull(v))
+                                continue;
+                        if (!cJSON_IsObject(v))
+                                return field_fail(o, err, key, v, "an object");
+                        text = cJSON_PrintUnformatted(v);
+                        if (!text || strlen(text) >= sizeof(c->http))
+                                return field_fail_msg(o, err, key, "is too large");
+                        strcpy(c->http, text);
+                        continue;
+                }
                 if (!prefix[0] && is_group(v->string)) {
                         char sub[80];
                         if (cJSON_IsNull(v))

@@ -58,6 +58,8 @@ typedef struct DsdConfig {
         size_t n_allowed_gids;
         int log_level; /* LOG_LVL_* */
         ConfigBus bus;
+        uint32_t stop_timeout_sec; /* SIGTERM's drain deadline, below TimeoutStopSec= */
+        char http[4096]; /* the "http" object as JSON text, "" when absent (daemon/http) */
 } DsdConfig;
 
 const char *config_backend_to_string(ConfigBackend b);

@@ -73,8 +73,10 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
 
         ModelOptions mo = {
                 .quantize_int4 = opt->quantize_int4,
-                .progress = opt->verbose ? load_progress : NULL,
-                .userdata = (void *) dir,
+                .progress = opt->progress ? opt->progress
+                            : opt->verbose ? load_progress
+                                           : NULL,
+                .userdata = opt->progress ? opt->progress_userdata : (void *) dir,
         };
         r = model_load(dir, &mo, &e->model, err);
         if (r < 0)
@@ -111,7 +113,7 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "backend '%s' is not available in this build or on this machine",
                         opt->backend);
-        BkOptions bo = { .threads = opt->threads };
+        BkOptions bo = { .threads = opt->threads, .device = opt->device };
         r = e->ops->create(&bo, &e->be, err);
         if (r < 0)
                 return r;

@@ -19,7 +19,11 @@ typedef struct EngineOptions {
         uint32_t kv_block_tokens; /* positions per KV block; 0 means 16 */
         uint64_t kv_bytes;        /* KV cache budget; 0 sizes it for one full context */
         uint32_t threads;         /* CPU backend threads; 0 means one */
+        const char *device;       /* backend-specific device ("0" for CUDA device 0); NULL */
         bool verbose;             /* progress lines on stderr while loading */
+        /* Called after each layer loads (the daemon's STATUS= lines); overrides verbose. */
+        void (*progress)(void *userdata, uint32_t layers_done, uint32_t n_layers);
+        void *progress_userdata;
 } EngineOptions;
 
 typedef struct Engine {

@@ -3,6 +3,7 @@
  * commands), the outbox ring and the published stats; it is held only for copies, never
  * across a step. A round of the thread: wait for room in the outbox, take the inbox, apply
  * it to the scheduler, run one step, publish the stats, wake the I/O thread. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,10 @@ struct EngineLoop {
         uint32_t out_cap;
         uint64_t out_head, out_tail;
         bool stopping, drain;
+        uint64_t watchdog_usec;      /* ping interval, 0 for none */
+        EngineLoopPing watchdog_fn;
+        uint64_t watchdog_last_usec; /* the engine thread's */
+        uint64_t stall_at_usec;      /* test-only fault injection, 0 for none */
         EngineLoopStats stats;
         uint64_t rate_start_usec, rate_start_tokens;
 
@@ -163,14 +168,58 @@ static void loop_apply(EngineLoop *l, uint32_t n_taken, uint32_t n_cmds)
         }
 }
 
+/* Under the lock: pings the watchdog when half its period has passed. The ping comes from
+ * this thread and no other, so a step that never returns stops the pings. */
+static void loop_watchdog(EngineLoop *l)
+{
+        uint64_t now;
+
+        if (l->watchdog_usec == 0)
+                return;
+        now = now_usec();
+        if (l->stall_at_usec != 0 && now >= l->stall_at_usec) {
+                log_warning("DSD_TEST_STALL_ENGINE_SEC: stalling the engine thread until "
+                            "stopped");
+                while (!l->stopping) {
+                        pthread_mutex_unlock(&l->lock);
+                        usleep(100000);
+                        pthread_mutex_lock(&l->lock);
+                }
+                l->stall_at_usec = 0;
+                return;
+        }
+        if (now - l->watchdog_last_usec < l->watchdog_usec)
+                return;
+        l->watchdog_last_usec = now;
+        l->watchdog_fn();
+}
+
+/* Waits on the condition, waking in time for the next watchdog ping. */
+static void loop_wait(EngineLoop *l)
+{
+        struct timespec ts;
+        uint64_t at;
+
+        if (l->watchdog_usec == 0) {
+                pthread_cond_wait(&l->wake, &l->lock);
+                return;
+        }
+        at = l->watchdog_last_usec + l->watchdog_usec;
+        ts = (struct timespec){.tv_sec = (time_t) (at / 1000000),
+                .tv_nsec = (long) (at % 1000000) * 1000};
+        (void) pthread_cond_timedwait(&l->wake, &l->lock, &ts);
+        loop_watchdog(l);
+}
+
 static void *loop_thread(void *userdata)
 {
         EngineLoop *l = userdata;
 
         pthread_mutex_lock(&l->lock);
         for (;;) {
+                loop_watchdog(l);
                 while (out_room(l) < l->max_events && !(l->stopping && !l->drain))
-                        pthread_cond_wait(&l->wake, &l->lock);
+                        loop_wait(l);
 
                 /* Take the inbox. Requests before commands: a cancel always follows the
                  * submit it names. */
@@ -212,7 +261,7 @@ static void *loop_thread(void *userdata)
                 /* Nothing ran: sleep until input arrives. n < 0 goes round again at once,
                  * with the failed batch gone. */
                 if (n == 0 && l->n_inbox == 0 && l->n_cmds == 0 && !l->stopping)
-                        pthread_cond_wait(&l->wake, &l->lock);
+                        loop_wait(l);
         }
         pthread_mutex_unlock(&l->lock);
         return NULL;
@@ -233,7 +282,12 @@ int engine_loop_start(
         l->lim = *lim;
         l->notify_fd = notify_fd;
         pthread_mutex_init(&l->lock, NULL);
-        pthread_cond_init(&l->wake, NULL);
+        /* Timed waits (the watchdog) count on now_usec()'s clock. */
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&l->wake, &ca);
+        pthread_condattr_destroy(&ca);
         r = sched_limits_check(&l->lim, err);
         if (r < 0)
                 return r;
@@ -256,6 +310,20 @@ int engine_loop_start(
         l->running = true;
         *ret = TAKE_PTR(l);
         return 0;
+}
+
+void engine_loop_set_watchdog(EngineLoop *l, uint64_t interval_usec, EngineLoopPing ping)
+{
+        const char *stall = getenv("DSD_TEST_STALL_ENGINE_SEC");
+
+        pthread_mutex_lock(&l->lock);
+        l->watchdog_usec = ping ? interval_usec : 0;
+        l->watchdog_fn = ping;
+        l->watchdog_last_usec = 0; /* the first round pings at once */
+        if (stall && l->watchdog_usec > 0)
+                l->stall_at_usec = now_usec() + (uint64_t) (strtod(stall, NULL) * 1e6);
+        pthread_cond_signal(&l->wake);
+        pthread_mutex_unlock(&l->lock);
 }
 
 int engine_loop_submit(EngineLoop *l, SchedRequest **req, DsError *err)

@@ -48,6 +48,14 @@ typedef struct EngineLoop EngineLoop;
 int engine_loop_start(
         Engine *e, const SchedLimits *lim, int notify_fd, EngineLoop **ret, DsError *err);
 
+/* Pings from the engine thread itself, at most interval_usec apart, also while idle: a
+ * step that hangs stops them, which is what systemd's watchdog (WatchdogSec=) detects.
+ * ping NULL turns it off. Test-only fault injection: with DSD_TEST_STALL_ENGINE_SEC=S in
+ * the environment, the engine thread stops working and pinging S seconds after this call,
+ * until the loop is stopped (tests/service/test-notify.py). */
+typedef void (*EngineLoopPing)(void);
+void engine_loop_set_watchdog(EngineLoop *l, uint64_t interval_usec, EngineLoopPing ping);
+
 /* Hands a request to the engine; never blocks. On success takes ownership of *req and
  * sets it to NULL. Otherwise leaves *req with the caller and returns, with a message in
  * err (naming the limits):

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* dsd: the dsd daemon. It serves libdsclient clients on a Unix socket (server.h) with
- * one engine thread (engine_loop.h), or runs one generation and exits (--generate). */
+/* dsd: the dsd daemon. It serves libdsclient clients on a Unix socket as a system service
+ * (service.h: dsd.json, D-Bus, systemd), or runs one generation and exits (--generate). */
 #include <assert.h>
 #include <getopt.h>
 #include <math.h>
@@ -11,11 +11,10 @@
 #include <string.h>
 #include <sys/eventfd.h>
 
+#include "config.h"
 #include "engine.h"
-#include "engine_loop.h"
-#include "listener.h"
 #include "log.h"
-#include "server.h"
+#include "service.h"
 
 static const char *arg_model;
 static const char *arg_generate;
@@ -28,25 +27,33 @@ static uint64_t arg_seed;
 static uint32_t arg_threads;
 static bool arg_chat;
 static bool arg_quantize;
-/* Serving. The defaults come from server_options_init() and sched_limits_check(); when
- * the dsd.json configuration lands it fills these before the flags override them. */
-static ServerOptions arg_server;
-static HttpConfig arg_http;
-static SchedLimits arg_limits;
+/* Serving: the flags become overrides of dsd.json fields (applied again at every reload),
+ * or service options where the file has no field. */
+#define OVERRIDES_MAX 64
+static ConfigOverride arg_overrides[OVERRIDES_MAX];
+static size_t arg_n_overrides;
+static ServiceOptions arg_service;
+static char arg_allow_uids[1024], arg_allow_gids[1024];
 static uint64_t arg_kv_bytes;
 
 static void help(void)
 {
-        printf("Usage: dsd --model DIR [--socket PATH] [SERVING OPTIONS]\n"
+        printf("Usage: dsd [--config FILE] [--model DIR] [SERVING OPTIONS]\n"
                "       dsd --model DIR --generate TEXT [OPTIONS]\n"
                "\n"
                "Loads a Hugging Face model directory (Qwen2/Llama; AWQ INT4, FP16, BF16 or F32\n"
                "safetensors with tokenizer.json) and serves libdsclient clients on a Unix\n"
-               "socket until SIGTERM or SIGINT. With --generate it generates a continuation of\n"
-               "TEXT instead, prints only the generated text on stdout and a one-line summary\n"
-               "on stderr, and exits.\n"
+               "socket until SIGTERM or SIGINT, controlled over D-Bus (dsctl) and systemd.\n"
+               "Without a model it starts in state no-model until 'dsctl reload MODEL'.\n"
+               "With --generate it generates a continuation of TEXT instead, prints only the\n"
+               "generated text on stdout and a one-line summary on stderr, and exits.\n"
                "\n"
                "Options:\n"
+               "  --config FILE        dsd.json (docs/operations.md); flags override its fields.\n"
+               "                       Without it: bus none, socket mode 0666, batch 32, 64\n"
+               "                       requests per client, KV for one full context\n"
+               "  --bus system|session|none  where io.dsd.Daemon1 is served\n"
+               "  --log-level LEVEL    error, warning, notice, info or debug\n"
                "  --model DIR          model directory (config.json, *.safetensors, tokenizer.json)\n"
                "  --generate TEXT      the prompt\n"
                "  --max-tokens N       most tokens to generate (default 256)\n"
@@ -55,18 +62,22 @@ static void help(void)
                "  --top-p P            nucleus sampling threshold (default 1: off)\n"
                "  --seed S             seed of the sampler (default 0)\n"
                "  --chat               wrap TEXT as a user turn of the model's chat template\n"
-               "  --backend NAME       cpu or auto (default auto)\n"
+               "  --backend NAME       cpu, cuda or auto (default auto)\n"
+               "  --device N           CUDA device index (default 0)\n"
                "  --quantize-at-load   quantize FP16/BF16/F32 linear layers to INT4 (group 128)\n"
                "  --threads N          CPU backend threads (default 1)\n"
-               "  --kv-bytes N         KV cache budget in bytes (default: one full context)\n"
+               "  --kv-bytes N         KV cache budget in bytes (default: limits.kv_memory_fraction\n"
+               "                       with --config, else one full context)\n"
                "\n"
                "Serving options:\n"
                "  --socket PATH        listening socket (default /run/dsd/dsd.sock)\n"
-               "  --max-batch N        sequences admitted at once (default 32)\n"
+               "  --max-batch N        sequences admitted at once (limits.max_batch)\n"
+               "  --context-length N   cap the model's context (limits.context_length)\n"
                "  --step-tokens N      tokens one step computes at most (default 512)\n"
                "  --queue N            requests waiting for admission; more get 'busy' (256)\n"
+               "  --stop-timeout-sec N SIGTERM lets requests finish this long (default 60)\n"
                "  --max-clients N      connections at once (default 256)\n"
-               "  --max-requests N     requests in flight per client (default 64)\n"
+               "  --max-requests N     requests in flight per client\n"
                "  --client-buffer N    undelivered event records per client before its\n"
                "                       requests pause (default 4096)\n"
                "  --slow-timeout-ms N  paused this long, they fail as too slow (default 5000)\n"
@@ -118,20 +129,28 @@ static int parse_u64(const char *opt, const char *s, uint64_t *ret)
         return 0;
 }
 
-/* --allow-uid/--allow-gid parse into the id arrays as u32. */
-static_assert(sizeof(uid_t) == sizeof(uint32_t) && sizeof(gid_t) == sizeof(uint32_t), "ids");
+static int add_override(const char *source, const char *key, const char *value)
+{
+        if (arg_n_overrides >= OVERRIDES_MAX) {
+                fprintf(stderr, "dsd: %s: too many options\n", source);
+                return -E2BIG;
+        }
+        arg_overrides[arg_n_overrides++] = (ConfigOverride){source, key, value};
+        return 0;
+}
 
-static int parse_id(const char *opt, const char *s, uint32_t *ids, size_t *n)
+/* --allow-uid/--allow-gid are repeatable: they collect into one comma-separated list. */
+static int add_id(const char *opt, const char *s, char *list, size_t size)
 {
         uint32_t v;
         int r = parse_u32(opt, s, &v);
         if (r < 0)
                 return r;
-        if (*n >= SERVER_IDS_MAX) {
-                fprintf(stderr, "dsd: %s: at most %u ids\n", opt, SERVER_IDS_MAX);
+        size_t len = strlen(list);
+        if ((size_t) snprintf(list + len, size - len, "%s%s", len ? "," : "", s) >= size - len) {
+                fprintf(stderr, "dsd: %s: too many ids\n", opt);
                 return -E2BIG;
         }
-        ids[(*n)++] = v;
         return 0;
 }
 
@@ -142,7 +161,8 @@ static int parse_argv(int argc, char **argv)
                 ARG_TOP_P, ARG_SEED, ARG_CHAT, ARG_BACKEND, ARG_QUANTIZE, ARG_THREADS,
                 ARG_VERSION, ARG_KV_BYTES, ARG_SOCKET, ARG_MAX_BATCH, ARG_STEP_TOKENS, ARG_QUEUE,
                 ARG_MAX_CLIENTS, ARG_MAX_REQUESTS, ARG_CLIENT_BUFFER, ARG_SLOW_TIMEOUT,
-                ARG_ALLOW_UID, ARG_ALLOW_GID, ARG_HTTP_LISTEN, ARG_HTTP_CONFIG,
+                ARG_ALLOW_UID, ARG_ALLOW_GID, ARG_HTTP_LISTEN, ARG_HTTP_CONFIG, ARG_CONFIG,
+                ARG_BUS, ARG_LOG_LEVEL, ARG_DEVICE, ARG_CONTEXT_LENGTH, ARG_STOP_TIMEOUT,
         };
         static const struct option options[] = {
                 { "help", no_argument, NULL, 'h' },
@@ -171,6 +191,12 @@ static int parse_argv(int argc, char **argv)
                 { "allow-gid", required_argument, NULL, ARG_ALLOW_GID },
                 { "http-listen", required_argument, NULL, ARG_HTTP_LISTEN },
                 { "http-config", required_argument, NULL, ARG_HTTP_CONFIG },
+                { "config", required_argument, NULL, ARG_CONFIG },
+                { "bus", required_argument, NULL, ARG_BUS },
+                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
+                { "device", required_argument, NULL, ARG_DEVICE },
+                { "context-length", required_argument, NULL, ARG_CONTEXT_LENGTH },
+                { "stop-timeout-sec", required_argument, NULL, ARG_STOP_TIMEOUT },
                 {}
         };
         uint32_t seed32;
@@ -187,6 +213,7 @@ static int parse_argv(int argc, char **argv)
                         exit(EXIT_SUCCESS);
                 case ARG_MODEL:
                         arg_model = optarg;
+                        r = add_override("--model", "model", optarg);
                         break;
                 case ARG_GENERATE:
                         arg_generate = optarg;
@@ -212,9 +239,11 @@ static int parse_argv(int argc, char **argv)
                         break;
                 case ARG_BACKEND:
                         arg_backend = optarg;
+                        r = add_override("--backend", "backend", optarg);
                         break;
                 case ARG_QUANTIZE:
                         arg_quantize = true;
+                        r = add_override("--quantize-at-load", "quantize_at_load", "true");
                         break;
                 case ARG_THREADS:
                         r = parse_u32("--threads", optarg, &arg_threads);
@@ -223,54 +252,64 @@ static int parse_argv(int argc, char **argv)
                         r = parse_u64("--kv-bytes", optarg, &arg_kv_bytes);
                         break;
                 case ARG_SOCKET:
-                        arg_server.socket_path = optarg;
+                        r = add_override("--socket", "socket.path", optarg);
                         break;
                 case ARG_MAX_BATCH:
-                        r = parse_u32("--max-batch", optarg, &arg_limits.max_seqs);
+                        r = add_override("--max-batch", "limits.max_batch", optarg);
+                        break;
+                case ARG_CONTEXT_LENGTH:
+                        r = add_override("--context-length", "limits.context_length", optarg);
                         break;
                 case ARG_STEP_TOKENS:
-                        r = parse_u32("--step-tokens", optarg, &arg_limits.step_tokens);
+                        r = parse_u32("--step-tokens", optarg, &arg_service.step_tokens);
                         break;
                 case ARG_QUEUE:
-                        r = parse_u32("--queue", optarg, &arg_limits.max_queued);
+                        r = add_override("--queue", "limits.queue_length", optarg);
                         break;
                 case ARG_MAX_CLIENTS:
-                        r = parse_u32("--max-clients", optarg, &arg_server.max_clients);
+                        r = parse_u32("--max-clients", optarg, &arg_service.max_clients);
+                        if (r >= 0 && arg_service.max_clients == 0) {
+                                fprintf(stderr, "dsd: --max-clients must be at least 1\n");
+                                r = -EINVAL;
+                        }
                         break;
                 case ARG_MAX_REQUESTS:
-                        r = parse_u32("--max-requests", optarg, &arg_server.max_requests);
+                        r = add_override("--max-requests", "limits.client_max_requests", optarg);
                         break;
                 case ARG_CLIENT_BUFFER:
-                        r = parse_u32("--client-buffer", optarg, &arg_server.max_pending);
+                        r = add_override("--client-buffer", "limits.client_max_pending_events",
+                                optarg);
                         break;
                 case ARG_SLOW_TIMEOUT:
-                        r = parse_u32("--slow-timeout-ms", optarg, &arg_server.slow_timeout_ms);
+                        r = parse_u32("--slow-timeout-ms", optarg, &arg_service.slow_timeout_ms);
                         break;
                 case ARG_ALLOW_UID:
-                        r = parse_id("--allow-uid", optarg, (uint32_t *) arg_server.allow_uids,
-                                &arg_server.n_allow_uids);
+                        r = add_id("--allow-uid", optarg, arg_allow_uids, sizeof(arg_allow_uids));
                         break;
                 case ARG_ALLOW_GID:
-                        r = parse_id("--allow-gid", optarg, (uint32_t *) arg_server.allow_gids,
-                                &arg_server.n_allow_gids);
+                        r = add_id("--allow-gid", optarg, arg_allow_gids, sizeof(arg_allow_gids));
                         break;
                 case ARG_HTTP_LISTEN:
-                        if (strlen(optarg) >= sizeof(arg_http.listen)) {
-                                fprintf(stderr, "dsd: --http-listen: too long\n");
-                                return -EINVAL;
-                        }
-                        strcpy(arg_http.listen, optarg);
+                        r = add_override("--http-listen", "http.listen", optarg);
                         break;
-                case ARG_HTTP_CONFIG: {
-                        DsError err = {};
-                        cJSON *j = cJSON_Parse(optarg);
-                        r = j ? http_config_parse(j, &arg_http, &err)
-                              : ds_error(&err, -EINVAL, "not valid JSON");
-                        cJSON_Delete(j);
-                        if (r < 0)
-                                fprintf(stderr, "dsd: --http-config: %s\n", err.msg);
+                case ARG_HTTP_CONFIG:
+                        r = add_override("--http-config", "http", optarg);
                         break;
-                }
+                case ARG_CONFIG:
+                        arg_service.config_path = optarg;
+                        break;
+                case ARG_BUS:
+                        r = add_override("--bus", "bus", optarg);
+                        break;
+                case ARG_LOG_LEVEL:
+                        r = add_override("--log-level", "log_level", optarg);
+                        break;
+                case ARG_DEVICE:
+                        r = add_override("--device", "device", optarg);
+                        break;
+                case ARG_STOP_TIMEOUT:
+                        r = add_override("--stop-timeout-sec", "stop_timeout_sec", optarg);
+                        break;
                 default:
                         return -EINVAL; /* getopt named the option */
                 }
@@ -281,69 +320,59 @@ static int parse_argv(int argc, char **argv)
                 fprintf(stderr, "dsd: unexpected argument '%s'\n", argv[optind]);
                 return -EINVAL;
         }
-        if (!arg_model) {
-                fprintf(stderr, "dsd: --model DIR is required (see --help)\n");
+        if (arg_generate && !arg_model) {
+                fprintf(stderr, "dsd: --generate needs --model DIR (see --help)\n");
                 return -EINVAL;
         }
-        if (!arg_generate && (arg_server.max_clients == 0 || arg_server.max_requests == 0 ||
-                                     arg_server.max_pending == 0)) {
-                fprintf(stderr, "dsd: --max-clients, --max-requests and --client-buffer must be "
-                                "at least 1\n");
-                return -EINVAL;
-        }
+        if (arg_allow_uids[0] && add_override("--allow-uid", "socket.allowed_uids",
+                                         arg_allow_uids) < 0)
+                return -E2BIG;
+        if (arg_allow_gids[0] && add_override("--allow-gid", "socket.allowed_gids",
+                                         arg_allow_gids) < 0)
+                return -E2BIG;
         return 0;
+}
+
+/* Without a configuration file dsd keeps the behaviour of a plain command: no bus, a
+ * socket anyone may reach (the allow-list decides), a batch of 32 and 64 requests per
+ * client. These go first so that the flags override them. */
+static const ConfigOverride no_file_defaults[] = {
+        {"(no --config)", "bus", "none"},
+        {"(no --config)", "socket.mode", "0666"},
+        {"(no --config)", "limits.max_batch", "32"},
+        {"(no --config)", "limits.client_max_requests", "64"},
+};
+
+static int serve(void)
+{
+        ConfigOverride all[ELEMENTSOF(no_file_defaults) + OVERRIDES_MAX];
+        size_t n = 0;
+        DsdConfig c;
+        DsError err = {};
+        int r;
+
+        if (!arg_service.config_path)
+                for (size_t i = 0; i < ELEMENTSOF(no_file_defaults); i++)
+                        all[n++] = no_file_defaults[i];
+        memcpy(all + n, arg_overrides, arg_n_overrides * sizeof(*all));
+        arg_service.overrides = all;
+        arg_service.n_overrides = n + arg_n_overrides;
+        arg_service.threads = arg_threads;
+        arg_service.kv_bytes = arg_kv_bytes;
+
+        r = service_read_config(&arg_service, &c, &err);
+        if (r < 0) {
+                fprintf(stderr, "dsd: %s\n", err.msg);
+                return r;
+        }
+        log_set_max_level(c.log_level);
+        return service_run(&arg_service, &c);
 }
 
 static void emit_stdout(void *userdata, const char *text, size_t len)
 {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
-}
-
-/* Serves until SIGTERM/SIGINT. Cleanup runs in reverse: server, engine loop (joins the
- * engine thread), its eventfd, then the engine. */
-static int serve(Engine *e)
-{
-        _cleanup_close_ int notify_fd = -EBADF;
-        _cleanup_(engine_loop_freep) EngineLoop *loop = NULL;
-        _cleanup_(server_freep) Server *srv = NULL;
-        DsError err = {};
-        sigset_t mask;
-        int r;
-
-        r = sched_limits_check(&arg_limits, &err);
-        if (r < 0)
-                return log_error_errno(r, "Invalid limits: %s", err.msg);
-        arg_server.max_queue = arg_limits.max_queued;
-
-        /* Blocked in every thread (the engine thread inherits the mask): the I/O thread
-         * reads them from its signalfd. A client that vanishes must not kill us either. */
-        sigemptyset(&mask);
-        sigaddset(&mask, SIGTERM);
-        sigaddset(&mask, SIGINT);
-        r = pthread_sigmask(SIG_BLOCK, &mask, NULL);
-        if (r != 0)
-                return log_error_errno(r, "Failed to block SIGTERM and SIGINT: %m");
-        signal(SIGPIPE, SIG_IGN);
-
-        notify_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        if (notify_fd < 0)
-                return log_error_errno(errno, "Failed to create an eventfd: %m");
-        r = engine_loop_start(e, &arg_limits, notify_fd, &loop, &err);
-        if (r < 0)
-                return log_error_errno(r, "Failed to start the engine thread: %s", err.msg);
-        r = server_new(e, loop, notify_fd, &arg_server, &srv, &err);
-        if (r < 0)
-                return log_error_errno(r, "Failed to set up the server: %s", err.msg);
-        log_info("Serving '%s' on %s: %s backend, %u KV blocks of %u positions, batch %u, "
-                 "queue %u, load %.2f s",
-                arg_model, arg_server.socket_path, e->ops->name, e->kv.n_total, e->block_tokens,
-                arg_limits.max_seqs, arg_limits.max_queued, (double) e->load_usec / 1e6);
-        r = server_run(srv);
-        if (r < 0)
-                return r;
-        log_info("Stopped");
-        return 0;
 }
 
 int main(int argc, char **argv)
@@ -353,27 +382,23 @@ int main(int argc, char **argv)
         GenResult res = {};
         int r;
 
-        server_options_init(&arg_server);
-        http_config_init(&arg_http);
-        arg_server.http = &arg_http;
         if (parse_argv(argc, argv) < 0)
                 return EXIT_FAILURE;
+        if (!arg_generate)
+                return serve() < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 
         EngineOptions eo = {
                 .backend = arg_backend,
                 .quantize_int4 = arg_quantize,
                 .threads = arg_threads,
                 .kv_bytes = arg_kv_bytes,
-                .verbose = arg_generate != NULL,
+                .verbose = true,
         };
         r = engine_open(arg_model, &eo, &e, &err);
         if (r < 0) {
                 log_error("Failed to load model '%s': %s", arg_model, err.msg);
                 return EXIT_FAILURE;
         }
-        if (!arg_generate)
-                return serve(e) < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
-
         GenParams gp = {
                 .max_tokens = arg_max_tokens,
                 .sampling = {

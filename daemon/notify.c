@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #if HAVE_LIBSYSTEMD
@@ -21,6 +23,31 @@ static int notify_send(const char *msg)
 #else
         (void) msg;
         return 0;
+#endif
+}
+
+int notify_listen_fd(const char *path, DsError *err)
+{
+#if HAVE_LIBSYSTEMD
+        int n = sd_listen_fds(true);
+
+        if (n < 0)
+                return ds_error(err, n, "cannot read the sockets systemd passed: %s",
+                        strerror(-n));
+        if (n == 0)
+                return -ENOENT;
+        if (n > 1)
+                return ds_error(err, -EINVAL, "systemd passed %d sockets, dsd takes one", n);
+        if (sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, path, 0) <= 0)
+                return ds_error(err, -EINVAL,
+                        "the socket systemd passed is not a listening Unix stream socket on "
+                        "'%s' (socket.path and dsd.socket's ListenStream= must agree)",
+                        path);
+        return SD_LISTEN_FDS_START;
+#else
+        (void) path;
+        (void) err;
+        return -ENOENT;
 #endif
 }
 

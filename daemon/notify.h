@@ -11,6 +11,14 @@
 
 #include "macro.h"
 
+#include "error.h"
+
+/* The listening socket systemd passed (dsd.socket, sd_listen_fds(3)), checked to be a
+ * listening Unix stream socket bound to path: its fd; -ENOENT when none was passed (or
+ * without libsystemd); another negative code with a message when what was passed is not
+ * usable. */
+int notify_listen_fd(const char *path, DsError *err);
+
 /* READY=1 with a STATUS= line: weights are resident and requests are served. */
 int notify_ready(const char *status);
 

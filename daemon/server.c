@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
+#include <fcntl.h>
 #include <grp.h>
 #include <liburing.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +31,15 @@
 
 struct Server {
         struct io_uring ring;
-        Engine *engine;
-        EngineLoop *loop;
+        Engine *engine;      /* the current model, NULL for none; owned */
+        EngineLoop *loop;    /* its loop: new requests go here; owned */
+        Engine *old_engine;  /* retiring after a reload: finishes its requests; owned */
+        EngineLoop *old_loop;
         ServerOptions opt;
+        ServerHooks hooks;
+        IoOp op_watch[SERVER_WATCH_MAX];
+        int watch_fd[SERVER_WATCH_MAX];
+        bool draining; /* dsctl drain */
         struct ds_wire_layout layout;    /* every ring-mode segment's */
         struct ds_wire_server_info info; /* every welcome's */
 
@@ -51,8 +59,14 @@ struct Server {
         uint64_t violations; /* clients disconnected for breaking the protocol */
 
         bool ring_ready; /* io_uring_queue_init() succeeded */
+        bool listen_inherited; /* systemd's socket: never unlinked by us */
         bool stopping;   /* no new connections or requests; nothing is re-armed */
+        bool stop_drain; /* stopping, and requests in flight may still finish */
         uint64_t stop_usec;
+        /* Recent latencies (GetStats), rings of SERVER_LATENCY_SAMPLES. */
+        uint64_t ttft_usec[SERVER_LATENCY_SAMPLES];
+        uint64_t itl_usec[SERVER_LATENCY_SAMPLES];
+        uint64_t n_ttft, n_itl;
         bool events_ready;
         SchedEvent events[SERVER_EVENT_BATCH];
         HttpListener *http; /* NULL when off; its operations share our ring */
@@ -75,6 +89,8 @@ void server_options_init(ServerOptions *o)
                 .sub_slots = DS_WIRE_DEFAULT_SUB_SLOTS,
                 .cpl_slots = DS_WIRE_DEFAULT_CPL_SLOTS,
                 .data_size = DS_WIRE_DEFAULT_DATA,
+                .listen_fd = -1,
+                .stop_drain_usec = SERVER_STOP_DRAIN_USEC_DEFAULT,
         };
         o->allow_uids[o->n_allow_uids++] = 0;
         if (getgrnam_r("dsd", &grp, buf, sizeof(buf), &g) == 0 && g)
@@ -183,6 +199,48 @@ static void cancel_op(Server *s, IoOp *op)
         s->n_armed++;
 }
 
+/* ---- engine loops: the current one and one retiring after a reload ---- */
+
+static void loops_cancel_client(Server *s, uint32_t key)
+{
+        EngineLoop *loops[] = {s->loop, s->old_loop};
+
+        for (size_t i = 0; i < ELEMENTSOF(loops); i++)
+                if (loops[i] && engine_loop_cancel_client(loops[i], key) < 0)
+                        log_error("Failed to cancel the requests of client %u: out of memory",
+                                key);
+}
+
+static void loops_resume_client(Server *s, uint32_t key)
+{
+        EngineLoop *loops[] = {s->loop, s->old_loop};
+
+        for (size_t i = 0; i < ELEMENTSOF(loops); i++)
+                if (loops[i])
+                        (void) engine_loop_resume_client(loops[i], key);
+}
+
+static int loops_pause_client(Server *s, uint32_t key)
+{
+        EngineLoop *loops[] = {s->loop, s->old_loop};
+
+        for (size_t i = 0; i < ELEMENTSOF(loops); i++)
+                if (loops[i] && engine_loop_pause_client(loops[i], key) < 0)
+                        return -ENOMEM;
+        return 0;
+}
+
+/* Every request the loop accepted has had its last event. */
+static bool loop_idle(EngineLoop *l)
+{
+        EngineLoopStats st;
+
+        if (!l)
+                return true;
+        engine_loop_stats(l, &st);
+        return st.submitted == st.finished + st.failed;
+}
+
 /* ---- clients: lifecycle ---- */
 
 static const char *state_mode(const Session *c)
@@ -195,7 +253,6 @@ static const char *state_mode(const Session *c)
 static void client_close(Server *s, Session *c, int level, const char *why)
 {
         bool welcomed = c->state == SESSION_RING || c->state == SESSION_SOCKET;
-        int r;
 
         if (c->state == SESSION_CLOSED)
                 return;
@@ -204,12 +261,9 @@ static void client_close(Server *s, Session *c, int level, const char *why)
                         "Client %u (pid %d, uid %u) disconnected: %s; %u requests in flight "
                         "cancelled",
                         c->key, (int) c->cred.pid, (unsigned) c->cred.uid, why, c->n_requests);
-                r = engine_loop_cancel_client(s->loop, c->key);
-                if (r < 0)
-                        log_error_errno(
-                                r, "Failed to cancel the requests of client %u: %m", c->key);
+                loops_cancel_client(s, c->key);
                 if (c->paused)
-                        (void) engine_loop_resume_client(s->loop, c->key);
+                        loops_resume_client(s, c->key);
                 s->n_welcomed--;
         } else
                 log_full_errno(level, 0, "Connection from pid %d uid %u closed: %s",
@@ -301,7 +355,7 @@ static void client_fail_slow(Server *s, Session *c, uint64_t now)
                         continue;
                 q->answered = true;
                 c->n_requests--;
-                (void) engine_loop_cancel(s->loop, q->id);
+                (void) engine_loop_cancel(q->loop, q->id);
                 record_error(&rec, q->client_id, DS_WIRE_ERR_CLIENT_TOO_SLOW, msg);
                 /* The hard bound keeps one record per request for exactly this. */
                 if (session_queue(c, &rec, 1) < 0) {
@@ -311,7 +365,7 @@ static void client_fail_slow(Server *s, Session *c, uint64_t now)
                 n++;
         }
         if (c->paused) {
-                (void) engine_loop_resume_client(s->loop, c->key);
+                loops_resume_client(s, c->key);
                 c->paused = false;
         }
         log_warning("Client %u (pid %d): too slow, %u requests failed, %u event records "
@@ -328,7 +382,7 @@ static void client_check_slow(Server *s, Session *c, uint64_t now)
         if (!c->paused) {
                 if (p < c->lim.max_pending || c->n_requests == 0)
                         return;
-                if (engine_loop_pause_client(s->loop, c->key) < 0)
+                if (loops_pause_client(s, c->key) < 0)
                         return; /* no memory for the pause: tried again at the next pass */
                 c->paused = true;
                 c->paused_usec = now;
@@ -336,7 +390,7 @@ static void client_check_slow(Server *s, Session *c, uint64_t now)
                            "requests",
                         c->key, (int) c->cred.pid, p);
         } else if (p <= c->lim.max_pending / 2) {
-                (void) engine_loop_resume_client(s->loop, c->key);
+                loops_resume_client(s, c->key);
                 c->paused = false;
                 log_info("Client %u (pid %d) caught up, resuming its requests", c->key,
                         (int) c->cred.pid);
@@ -375,6 +429,12 @@ static void client_submit(Server *s, Session *c, const struct ds_wire_submit *re
         if (s->stopping)
                 return client_error(
                         s, c, client_id, DS_WIRE_ERR_SHUTTING_DOWN, "the daemon is stopping");
+        if (s->draining)
+                return client_error(s, c, client_id, DS_WIRE_ERR_DRAINING,
+                        "draining: the daemon admits no new requests until 'dsctl resume'");
+        if (!s->loop)
+                return client_error(s, c, client_id, DS_WIRE_ERR_NO_MODEL,
+                        "no model is loaded: see 'dsctl status', load one with 'dsctl reload'");
         if (request_find(c, client_id)) {
                 snprintf(err.msg, sizeof(err.msg), "request id %llu is already in flight",
                         (unsigned long long) client_id);
@@ -400,11 +460,13 @@ static void client_submit(Server *s, Session *c, const struct ds_wire_submit *re
         req->client = c->key;
         req->enqueue_usec = now_usec();
         req->userdata = q;
+        q->loop = s->loop;
         r = engine_loop_submit(s->loop, &req, &err);
         if (r < 0) {
                 request_free(q);
                 return client_error(s, c, client_id, wire_code_of_submit(r), err.msg);
         }
+        c->requests_total++;
 }
 
 static void client_info(Server *s, Session *c, uint64_t client_id)
@@ -412,7 +474,7 @@ static void client_info(Server *s, Session *c, uint64_t client_id)
         EngineLoopStats st;
         union ds_wire_slot rec = {};
 
-        engine_loop_stats(s->loop, &st);
+        server_stats(s, &st, NULL);
         rec.info.hdr.type = DS_WIRE_INFO;
         rec.info.hdr.request_id = client_id;
         rec.info.active = st.active;
@@ -438,7 +500,7 @@ static void client_record(Server *s, Session *c, const union ds_wire_slot *rec, 
                 return client_submit(s, c, &rec->submit, data, data_size);
         case DS_WIRE_CANCEL:
                 q = request_find(c, rec->hdr.request_id);
-                if (q && engine_loop_cancel(s->loop, q->id) < 0)
+                if (q && engine_loop_cancel(q->loop, q->id) < 0)
                         client_error(s, c, q->client_id, DS_WIRE_ERR_INTERNAL,
                                 "out of memory for the cancellation");
                 return;
@@ -631,6 +693,25 @@ static void client_input(Server *s, Session *c)
         }
 }
 
+/* The peer's process name; "" when it is gone already or hidden from us. */
+static void read_comm(pid_t pid, char *ret, size_t size)
+{
+        char path[64];
+        _cleanup_close_ int fd = -EBADF;
+        ssize_t n;
+
+        ret[0] = 0;
+        snprintf(path, sizeof(path), "/proc/%d/comm", (int) pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        n = read(fd, ret, size - 1);
+        if (n <= 0)
+                n = 0;
+        ret[n] = 0;
+        ret[strcspn(ret, "\n")] = 0;
+}
+
 static void client_accept(Server *s, int fd)
 {
         struct ucred cred = {};
@@ -663,6 +744,7 @@ static void client_accept(Server *s, int fd)
         }
         c->cred = cred;
         c->allowed = peer_allowed(s, fd, &cred);
+        read_comm(cred.pid, c->comm, sizeof(c->comm));
         c->next = s->sessions;
         if (s->sessions)
                 s->sessions->prev = c;
@@ -752,6 +834,17 @@ static void deliver(Server *s, const SchedEvent *ev)
                 return http_listener_deliver(s->http, ev);
         if (s->http)
                 http_listener_account(s->http, ev, &q->last_token_ns);
+        if (ev->type == SCHED_EV_TOKEN) {
+                if (q->prev_token_ns)
+                        s->itl_usec[s->n_itl++ % SERVER_LATENCY_SAMPLES] =
+                                (ev->publish_ns - q->prev_token_ns) / 1000;
+                q->prev_token_ns = ev->publish_ns;
+        } else if (ev->type == SCHED_EV_FINAL) {
+                if (ev->usage.generated_tokens > 0)
+                        s->ttft_usec[s->n_ttft++ % SERVER_LATENCY_SAMPLES] = ev->usage.ttft_usec;
+                c->tokens_total += (uint64_t) ev->usage.prompt_tokens +
+                                   ev->usage.generated_tokens;
+        }
         if (c->state != SESSION_CLOSED && !q->answered) {
                 switch (ev->type) {
                 case SCHED_EV_TOKEN:
@@ -793,15 +886,35 @@ static void deliver(Server *s, const SchedEvent *ev)
         }
 }
 
-static void drain_events(Server *s)
+static void drain_loop(Server *s, EngineLoop *l)
 {
         size_t n;
 
+        if (!l)
+                return;
         do {
-                n = engine_loop_take_events(s->loop, s->events, SERVER_EVENT_BATCH);
+                n = engine_loop_take_events(l, s->events, SERVER_EVENT_BATCH);
                 for (size_t i = 0; i < n; i++)
                         deliver(s, &s->events[i]);
         } while (n == SERVER_EVENT_BATCH);
+}
+
+static void drain_events(Server *s)
+{
+        drain_loop(s, s->old_loop);
+        drain_loop(s, s->loop);
+}
+
+/* The retiring engine of a reload goes once its last request had its last event. */
+static void retire_check(Server *s)
+{
+        if (!s->old_loop || !loop_idle(s->old_loop))
+                return;
+        engine_loop_stop(s->old_loop, true);
+        drain_loop(s, s->old_loop);
+        s->old_loop = engine_loop_free(s->old_loop);
+        s->old_engine = engine_free(s->old_engine);
+        log_info("The previous model finished its last request and is freed");
 }
 
 /* ---- the loop ---- */
@@ -870,7 +983,7 @@ static bool prepare_sleep(Server *s)
 
 static bool needs_tick(const Server *s)
 {
-        if (s->stopping)
+        if (s->stopping || s->old_loop)
                 return true;
         for (const Session *c = s->sessions; c; c = c->next)
                 if (c->paused)
@@ -882,26 +995,54 @@ static void begin_stop(Server *s, const char *why)
 {
         EngineLoopStats st;
 
-        engine_loop_stats(s->loop, &st);
+        server_stats(s, &st, NULL);
         log_notice("Received %s: stopping; %u clients connected, %u requests active and %u "
-                   "queued are cancelled",
-                why, s->n_welcomed, st.active, st.queued);
+                   "queued get %llu s to finish",
+                why, s->n_welcomed, st.active, st.queued,
+                (unsigned long long) (s->opt.stop_drain_usec / 1000000));
         s->stopping = true;
+        s->stop_drain = true;
         s->stop_usec = now_usec();
         cancel_op(s, &s->op_accept);
         http_listener_stop(s->http);
-        if (unlink(s->opt.socket_path) < 0 && errno != ENOENT)
+        if (!s->listen_inherited && unlink(s->opt.socket_path) < 0 && errno != ENOENT)
                 log_warning_errno(errno, "Failed to remove '%s', ignoring: %m", s->opt.socket_path);
-        /* Cancels everything and joins the engine thread; a cancelled FINAL for each
-         * request waits in the outbox. */
-        engine_loop_stop(s->loop, false);
+        if (s->hooks.stopping)
+                s->hooks.stopping(s->hooks.userdata);
+}
+
+/* The drain of a stop ends when every engine is idle or at the deadline; what is left
+ * then is cancelled, so every request still gets a final event. */
+static void stop_drain_check(Server *s, uint64_t now)
+{
+        EngineLoopStats st;
+
+        if (loop_idle(s->loop) && loop_idle(s->old_loop))
+                log_info("Every request finished");
+        else if (now - s->stop_usec >= s->opt.stop_drain_usec) {
+                server_stats(s, &st, NULL);
+                log_warning("The stop's drain deadline passed: cancelling %u active and %u "
+                            "queued requests",
+                        st.active, st.queued);
+        } else
+                return;
+        /* Joins the engine threads; a cancelled FINAL for each request left waits in the
+         * outbox. */
+        if (s->loop)
+                engine_loop_stop(s->loop, false);
+        if (s->old_loop)
+                engine_loop_stop(s->old_loop, false);
         drain_events(s);
+        s->stop_drain = false;
+        s->stop_usec = now;
 }
 
 /* Stopped and every client has taken its final events (into its ring or off the socket),
  * or the deadline passed. */
 static bool stop_done(const Server *s, uint64_t now)
 {
+        if (s->stop_drain)
+                return false;
         if (now - s->stop_usec >= SERVER_STOP_FLUSH_USEC)
                 return true;
         for (const Session *c = s->sessions; c; c = c->next)
@@ -936,8 +1077,14 @@ static void handle_cqe(Server *s, IoOp *op, int res, unsigned flags)
                         log_error("Failed to re-arm accept: no submission entry");
                 return;
         case IO_SIGNAL:
-                if (res == (int) sizeof(s->siginfo) && !s->stopping)
-                        begin_stop(s, s->siginfo.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+                if (res == (int) sizeof(s->siginfo) && !s->stopping) {
+                        if (s->siginfo.ssi_signo == SIGHUP) {
+                                if (s->hooks.reload)
+                                        s->hooks.reload(s->hooks.userdata);
+                        } else
+                                begin_stop(s, s->siginfo.ssi_signo == SIGINT ? "SIGINT"
+                                                                              : "SIGTERM");
+                }
                 if (res != -ECANCELED && !s->stopping && arm_signal(s) < 0)
                         log_error("Failed to re-arm the signalfd: no submission entry");
                 return;
@@ -970,6 +1117,8 @@ static void handle_cqe(Server *s, IoOp *op, int res, unsigned flags)
                                 c->out_off += (size_t) res;
                 }
                 break;
+        case IO_WATCH:
+                return; /* the hooks' service() runs on this pass */
         case IO_DOORBELL:
                 /* The ring is drained by the next pass of the loop. */
                 if (c->state != SESSION_CLOSED && (res < 0 || arm_doorbell(s, c) < 0))
@@ -988,24 +1137,33 @@ int server_run(Server *s)
         int r;
 
         for (;;) {
-                uint64_t now = now_usec();
+                uint64_t now = now_usec(), wake = UINT64_MAX;
 
                 if (s->events_ready) {
                         s->events_ready = false;
                         drain_events(s);
                 }
+                retire_check(s);
                 for (Session *c = s->sessions, *next; c; c = next) {
                         next = c->next;
                         /* The list's reference keeps c alive through its own service. */
                         client_service(s, c, now);
                 }
+                if (s->stopping && s->stop_drain)
+                        stop_drain_check(s, now);
                 if (s->stopping && stop_done(s, now))
                         return 0;
+                if (s->hooks.service)
+                        wake = s->hooks.service(s->hooks.userdata);
+                if (needs_tick(s))
+                        wake = MIN(wake, now + SERVER_TICK_USEC);
 
                 if (prepare_sleep(s))
                         r = io_uring_submit(&s->ring);
-                else if (needs_tick(s)) {
-                        struct __kernel_timespec ts = {.tv_nsec = SERVER_TICK_USEC * 1000};
+                else if (wake != UINT64_MAX) {
+                        uint64_t d = wake > now ? wake - now : 0;
+                        struct __kernel_timespec ts = {.tv_sec = (long long) (d / 1000000),
+                                .tv_nsec = (long long) (d % 1000000) * 1000};
                         r = io_uring_submit_and_wait_timeout(&s->ring, &cqe, 1, &ts, NULL);
                         if (r == -ETIME)
                                 r = 0;
@@ -1061,12 +1219,32 @@ static int listen_socket(const ServerOptions *o, DsError *err)
         return TAKE_FD(fd);
 }
 
-int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *o, Server **ret,
+/* The welcome's description of the model now served. */
+static void info_update(Server *s, const char *model_dir)
+{
+        const char *base = "";
+
+        s->info = (struct ds_wire_server_info){
+                .max_requests = s->opt.max_requests,
+                .max_queue = s->opt.max_queue,
+        };
+        if (!s->engine)
+                return;
+        const BkConfig *cfg = &s->engine->model->bk.cfg;
+        base = strrchr(model_dir, '/');
+        base = base && base[1] ? base + 1 : model_dir;
+        snprintf(s->info.model, sizeof(s->info.model), "%s", base);
+        s->info.context_length = (uint32_t) MIN((uint64_t) cfg->max_positions,
+                (uint64_t) s->engine->kv.n_total * s->engine->block_tokens);
+        s->info.vocab_size = tokenizer_n_vocab(s->engine->tok);
+        s->info.kv_bytes_per_token = s->engine->ops->kv_bytes_per_token(s->engine->be);
+        s->info.kv_block_tokens = s->engine->block_tokens;
+}
+
+int server_new(int notify_fd, const ServerOptions *o, const ServerHooks *hooks, Server **ret,
         DsError *err)
 {
         _cleanup_(server_freep) Server *s = NULL;
-        const BkConfig *cfg = &e->model->bk.cfg;
-        const char *base;
         sigset_t mask;
         int r;
 
@@ -1074,14 +1252,18 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
         if (!s)
                 return ds_error(err, -ENOMEM, "out of memory");
         s->listen_fd = s->signal_fd = -EBADF;
-        s->engine = e;
-        s->loop = loop;
         s->notify_fd = notify_fd;
         s->opt = *o;
+        if (hooks)
+                s->hooks = *hooks;
         s->op_accept = (IoOp){.kind = IO_ACCEPT};
         s->op_signal = (IoOp){.kind = IO_SIGNAL};
         s->op_notify = (IoOp){.kind = IO_NOTIFY};
         s->op_cancel = (IoOp){.kind = IO_CANCEL};
+        for (unsigned i = 0; i < SERVER_WATCH_MAX; i++) {
+                s->op_watch[i] = (IoOp){.kind = IO_WATCH};
+                s->watch_fd[i] = -EBADF;
+        }
 
         r = wire_layout_init(o->sub_slots, o->cpl_slots, o->data_size, &s->layout);
         if (r < 0)
@@ -1089,21 +1271,13 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
                         "segment of %u submission and %u completion slots and %u data bytes "
                         "is outside the wire limits",
                         o->sub_slots, o->cpl_slots, o->data_size);
-        base = strrchr(e->model->dir, '/');
-        base = base && base[1] ? base + 1 : e->model->dir;
-        snprintf(s->info.model, sizeof(s->info.model), "%s", base);
-        s->info.context_length = (uint32_t) MIN(
-                (uint64_t) cfg->max_positions, (uint64_t) e->kv.n_total * e->block_tokens);
-        s->info.vocab_size = tokenizer_n_vocab(e->tok);
-        s->info.kv_bytes_per_token = e->ops->kv_bytes_per_token(e->be);
-        s->info.kv_block_tokens = e->block_tokens;
-        s->info.max_requests = o->max_requests;
-        s->info.max_queue = o->max_queue;
+        info_update(s, "");
 
         /* The caller blocked these in every thread; they arrive here instead. */
         sigemptyset(&mask);
         sigaddset(&mask, SIGTERM);
         sigaddset(&mask, SIGINT);
+        sigaddset(&mask, SIGHUP);
         s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
         if (s->signal_fd < 0)
                 return ds_error(err, -errno, "cannot create a signalfd: %m");
@@ -1113,10 +1287,15 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
                 return ds_error(err, r, "cannot set up an io_uring: %s", strerror(-r));
         s->ring_ready = true;
 
-        r = listen_socket(o, err);
-        if (r < 0)
-                return r;
-        s->listen_fd = r;
+        if (o->listen_fd >= 0) {
+                s->listen_fd = o->listen_fd;
+                s->listen_inherited = true;
+        } else {
+                r = listen_socket(o, err);
+                if (r < 0)
+                        return r;
+                s->listen_fd = r;
+        }
 
         r = arm_accept(s);
         if (r >= 0)
@@ -1125,13 +1304,182 @@ int server_new(Engine *e, EngineLoop *loop, int notify_fd, const ServerOptions *
                 r = arm_notify(s);
         if (r < 0)
                 return ds_error(err, r, "cannot queue the first io_uring operations");
-        if (o->http && o->http->listen[0]) {
-                r = http_listener_new(&s->ring, e, loop, o->http, s->info.model, &s->http, err);
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+int server_set_engine(Server *s, Engine *e, EngineLoop *loop, const char *model_dir, DsError *err)
+{
+        int r;
+
+        if (s->old_loop)
+                return ds_error(err, -EBUSY, "the previous model still finishes its requests");
+        s->old_engine = s->engine;
+        s->old_loop = s->loop;
+        s->engine = e;
+        s->loop = loop;
+        info_update(s, model_dir);
+        if (s->http)
+                r = http_listener_set_engine(s->http, e, loop, s->info.model);
+        else if (s->opt.http && s->opt.http->listen[0])
+                r = http_listener_new(&s->ring, e, loop, s->opt.http, s->info.model, &s->http, err);
+        else
+                r = 0;
+        if (r < 0) {
+                /* The new model serves natively all the same; the caller reports this. */
+                if (!err->msg[0])
+                        ds_error(err, r, "out of memory");
+                return r;
+        }
+        http_listener_set_draining(s->http, s->draining);
+        return 0;
+}
+
+Engine *server_engine(Server *s)
+{
+        return s->engine;
+}
+
+uint32_t server_context_length(Server *s)
+{
+        return s->info.context_length;
+}
+
+bool server_retiring(const Server *s)
+{
+        return s->old_loop != NULL;
+}
+
+bool server_idle(Server *s)
+{
+        return loop_idle(s->loop) && loop_idle(s->old_loop);
+}
+
+void server_drop_engine(Server *s)
+{
+        if (!s->loop)
+                return;
+        engine_loop_stop(s->loop, false);
+        drain_loop(s, s->loop);
+        s->loop = engine_loop_free(s->loop);
+        s->engine = engine_free(s->engine);
+        info_update(s, "");
+}
+
+void server_set_draining(Server *s, bool draining)
+{
+        s->draining = draining;
+        http_listener_set_draining(s->http, draining);
+}
+
+void server_watch(Server *s, unsigned idx, int fd, int events)
+{
+        struct io_uring_sqe *sqe;
+        IoOp *op = &s->op_watch[idx];
+
+        if (fd < 0 || op->armed || (s->stopping && !s->ring_ready))
+                return;
+        sqe = get_sqe(s);
+        if (!sqe)
+                return; /* tried again at the next pass */
+        s->watch_fd[idx] = fd;
+        io_uring_prep_poll_add(sqe, fd, (unsigned) events);
+        arm(s, op, sqe);
+}
+
+static void stats_add(EngineLoopStats *a, const EngineLoopStats *b)
+{
+        a->active += b->active;
+        a->queued += b->queued;
+        a->paused_clients += b->paused_clients;
+        a->kv_blocks_total += b->kv_blocks_total;
+        a->kv_blocks_free += b->kv_blocks_free;
+        a->tokens_per_s += b->tokens_per_s;
+        a->submitted += b->submitted;
+        a->rejected_busy += b->rejected_busy;
+        a->steps += b->steps;
+        a->prompt_tokens += b->prompt_tokens;
+        a->generated_tokens += b->generated_tokens;
+        a->preemptions += b->preemptions;
+        a->finished += b->finished;
+        a->cancelled += b->cancelled;
+        a->failed += b->failed;
+        a->events_dropped += b->events_dropped;
+}
+
+void server_stats(Server *s, EngineLoopStats *ret, uint32_t *ret_clients)
+{
+        EngineLoopStats st;
+
+        *ret = (EngineLoopStats){};
+        if (s->loop) {
+                engine_loop_stats(s->loop, &st);
+                stats_add(ret, &st);
+        }
+        if (s->old_loop) {
+                engine_loop_stats(s->old_loop, &st);
+                stats_add(ret, &st);
+        }
+        if (ret_clients)
+                *ret_clients = s->n_welcomed;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+static void percentiles(const uint64_t *ring, uint64_t n, uint64_t ret[3])
+{
+        static const unsigned pct[3] = {50, 90, 99};
+        uint64_t sorted[SERVER_LATENCY_SAMPLES];
+        size_t m = (size_t) MIN(n, (uint64_t) SERVER_LATENCY_SAMPLES);
+
+        ret[0] = ret[1] = ret[2] = 0;
+        if (m == 0)
+                return;
+        memcpy(sorted, ring, m * sizeof(*sorted));
+        qsort(sorted, m, sizeof(*sorted), cmp_u64);
+        for (size_t i = 0; i < 3; i++)
+                ret[i] = sorted[MIN(m - 1, (m * pct[i] + 99) / 100 - 1)];
+}
+
+void server_latencies(Server *s, uint64_t ttft[3], uint64_t itl[3])
+{
+        percentiles(s->ttft_usec, s->n_ttft, ttft);
+        percentiles(s->itl_usec, s->n_itl, itl);
+}
+
+int server_foreach_client(Server *s, int (*fn)(void *ctx, const Session *c), void *ctx)
+{
+        for (Session *c = s->sessions; c; c = c->next) {
+                if (c->state != SESSION_RING && c->state != SESSION_SOCKET)
+                        continue;
+                int r = fn(ctx, c);
                 if (r < 0)
                         return r;
         }
-        *ret = TAKE_PTR(s);
         return 0;
+}
+
+int server_cancel(Server *s, uint64_t id)
+{
+        for (Session *c = s->sessions; c; c = c->next) {
+                if (c->state != SESSION_RING && c->state != SESSION_SOCKET)
+                        continue;
+                if (id & SERVER_CLIENT_ID_BIT) {
+                        if (c->key != (id & ~SERVER_CLIENT_ID_BIT))
+                                continue;
+                        loops_cancel_client(s, c->key);
+                        return 0;
+                }
+                for (Request *q = c->requests; q; q = q->next)
+                        if (q->id == id && !q->answered)
+                                return engine_loop_cancel(q->loop, q->id);
+        }
+        return -ESRCH;
 }
 
 Server *server_free(Server *s)
@@ -1140,16 +1488,25 @@ Server *server_free(Server *s)
 
         if (!s)
                 return NULL;
-        bool remove_socket = !s->stopping;
+        bool remove_socket = !s->stopping && !s->listen_inherited;
 
-        /* From here on nothing is re-armed. */
+        /* From here on nothing is re-armed. The engines stop first: the events they
+         * still hold free their requests. */
         s->stopping = true;
+        s->stop_drain = false;
+        if (s->loop)
+                engine_loop_stop(s->loop, false);
+        if (s->old_loop)
+                engine_loop_stop(s->old_loop, false);
+        drain_events(s);
         if (s->ring_ready) {
                 while (s->sessions)
                         client_close(s, s->sessions, LOG_LVL_INFO, "the daemon stops");
                 cancel_op(s, &s->op_accept);
                 cancel_op(s, &s->op_signal);
                 cancel_op(s, &s->op_notify);
+                for (unsigned i = 0; i < SERVER_WATCH_MAX; i++)
+                        cancel_op(s, &s->op_watch[i]);
                 http_listener_close_all(s->http);
                 /* Every operation holds a session reference until its completion. */
                 while ((s->n_armed > 0 || http_listener_armed(s->http) > 0) &&
@@ -1172,6 +1529,10 @@ Server *server_free(Server *s)
         }
         if (s->signal_fd >= 0)
                 close(s->signal_fd);
+        engine_loop_free(s->loop);
+        engine_loop_free(s->old_loop);
+        engine_free(s->engine);
+        engine_free(s->old_engine);
         free(s);
         return NULL;
 }

@@ -25,6 +25,7 @@
 
 typedef struct Session Session;
 typedef struct Request Request;
+struct EngineLoop;
 
 typedef enum SessionState {
         SESSION_HELLO,  /* accepted; waiting for the hello frame */
@@ -45,6 +46,7 @@ typedef enum IoKind {
         IO_DOORBELL, /* a session's eventfd, ring mode */
         IO_CANCEL,   /* an async cancel; its own result is ignored */
         IO_HTTP,     /* the HTTP listener's own operations (daemon/http/listener.c) */
+        IO_WATCH,    /* a poll on an fd of the daemon around the server (D-Bus, loader) */
         _IO_KIND_MAX,
         _IO_KIND_INVALID = -EINVAL,
 } IoKind;
@@ -63,6 +65,8 @@ struct Request {
         uint64_t client_id;     /* the client's hdr.request_id */
         uint64_t id;            /* daemon-wide, SchedRequest.id */
         uint64_t last_token_ns; /* the previous token's publish time, for the metrics */
+        uint64_t prev_token_ns; /* the same, for the inter-token latency ring (GetStats) */
+        struct EngineLoop *loop; /* the engine loop it runs on: the model it started on */
         bool answered;          /* the client got its last event already (failed as too slow):
                                  * the engine's remaining events for it are dropped */
         Request *prev, *next;   /* the session's list */
@@ -84,6 +88,9 @@ struct Session {
         int notify_fd;     /* ring mode: the eventfd we write for a client that polls */
         struct ucred cred; /* SO_PEERCRED at accept */
         char name[32];     /* from the hello, for logs */
+        char comm[16];     /* /proc/PID/comm at accept, for ListClients() */
+        uint64_t requests_total; /* admitted */
+        uint64_t tokens_total;   /* prompt plus generated, of finished requests */
         bool allowed;      /* the credential check passed at accept */
         SessionLimits lim;
 

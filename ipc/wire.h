@@ -123,6 +123,8 @@ enum ds_wire_code {
         DS_WIRE_ERR_DUPLICATE_ID = 9,    /* request id already in flight on this client */
         DS_WIRE_ERR_SHUTTING_DOWN = 10,  /* draining or stopping: no new work */
         DS_WIRE_ERR_UNSUPPORTED = 11,    /* e.g. chat without a template, mode not offered */
+        DS_WIRE_ERR_DRAINING = 12,       /* drained by the operator (dsctl drain): retry later */
+        DS_WIRE_ERR_NO_MODEL = 13,       /* no model is loaded (state no-model or failed) */
         _DS_WIRE_ERR_MAX,
 };
 

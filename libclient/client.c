@@ -40,7 +40,9 @@ static_assert(DS_MAX_PIECE == DS_WIRE_MAX_PIECE, "piece");
 static_assert(DS_MAX_MESSAGE == DS_WIRE_MESSAGE, "message");
 static_assert(DS_TOKEN_NONE == DS_WIRE_TOKEN_NONE, "text-only token");
 static_assert(DS_ERR_UNSUPPORTED - DS_ERR_WIRE_BASE == DS_WIRE_ERR_UNSUPPORTED, "errors");
-static_assert(_DS_WIRE_ERR_MAX == DS_WIRE_ERR_UNSUPPORTED + 1, "every wire error is public");
+static_assert(DS_ERR_DRAINING - DS_ERR_WIRE_BASE == DS_WIRE_ERR_DRAINING, "errors");
+static_assert(DS_ERR_NO_MODEL - DS_ERR_WIRE_BASE == DS_WIRE_ERR_NO_MODEL, "errors");
+static_assert(_DS_WIRE_ERR_MAX == DS_WIRE_ERR_NO_MODEL + 1, "every wire error is public");
 static_assert((int) DS_ROLE_ASSISTANT == (int) DS_WIRE_ROLE_ASSISTANT, "roles");
 static_assert((int) DS_FINISH_CANCELLED == (int) DS_WIRE_FINISH_CANCELLED, "finish");
 static_assert((int) DS_MODE_SOCKET == (int) DS_WIRE_MODE_SOCKET, "modes");
@@ -1271,6 +1273,8 @@ DS_PUBLIC const char *ds_strerror(int code)
                 [DS_WIRE_ERR_DUPLICATE_ID] = "request id already in flight",
                 [DS_WIRE_ERR_SHUTTING_DOWN] = "the daemon is shutting down",
                 [DS_WIRE_ERR_UNSUPPORTED] = "not supported by the daemon",
+                [DS_WIRE_ERR_DRAINING] = "the daemon is draining",
+                [DS_WIRE_ERR_NO_MODEL] = "the daemon has no model loaded",
         };
         int c = code < 0 ? -code : code;
 

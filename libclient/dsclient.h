@@ -45,6 +45,8 @@ enum {
         DS_ERR_DUPLICATE_ID = DS_ERR_WIRE_BASE + 9,    /* request id already in flight */
         DS_ERR_SHUTTING_DOWN = DS_ERR_WIRE_BASE + 10,  /* the daemon takes no new work */
         DS_ERR_UNSUPPORTED = DS_ERR_WIRE_BASE + 11,    /* e.g. chat without a template */
+        DS_ERR_DRAINING = DS_ERR_WIRE_BASE + 12,       /* drained (dsctl drain): retry later */
+        DS_ERR_NO_MODEL = DS_ERR_WIRE_BASE + 13,       /* the daemon has no model loaded */
 };
 
 /* ---- connection ---- */

@@ -98,6 +98,11 @@ struct HttpListener {
         struct __kernel_timespec tick;
         unsigned n_armed;
         bool stopping;
+        bool draining; /* dsctl drain: completions answer 503 until resumed */
+        /* Names of models served before a reload: answers in flight still point at
+         * them, so they live as long as the listener. */
+        char **old_models;
+        size_t n_old_models;
         HttpConn *conns;
         uint32_t n_conns;
         uint32_t next_key;
@@ -527,6 +532,8 @@ static void gen_event(HttpConn *c, HttpGen *g, const SchedEvent *ev)
         bool last = ev->type != SCHED_EV_TOKEN;
         int r = 0;
 
+        if (g->req->dsd_timing)
+                g->resp.publish_ns = ev->publish_ns;
         if (ev->type != SCHED_EV_ERROR) {
                 r = gen_text(g, ev->text, ev->text_len);
                 if (r >= 0 && ev->type == SCHED_EV_TOKEN && g->req->logprobs)
@@ -655,7 +662,7 @@ static void handle_completion(HttpConn *c, const HttpRequest *hr, OaiKind kind)
         DsError err = {};
         int r;
 
-        if (h->stopping)
+        if (h->stopping || h->draining)
                 return respond_status(c, 503, NULL, "%s", "The daemon is draining");
         r = oai_request_parse(kind, (const char *) hr->body, hr->body_len, &q, &e);
         if (r < 0)
@@ -1126,6 +1133,30 @@ int http_listener_new(struct io_uring *ring, Engine *e, EngineLoop *loop, const 
         return 0;
 }
 
+void http_listener_set_draining(HttpListener *h, bool draining)
+{
+        if (h)
+                h->draining = draining;
+}
+
+int http_listener_set_engine(HttpListener *h, Engine *e, EngineLoop *loop, const char *model)
+{
+        char *m = strdup(model);
+        char **old = realloc(h->old_models, (h->n_old_models + 1) * sizeof(*old));
+
+        if (old)
+                h->old_models = old;
+        if (!m || !old) {
+                free(m);
+                return -ENOMEM;
+        }
+        h->old_models[h->n_old_models++] = h->model;
+        h->model = m;
+        h->engine = e;
+        h->loop = loop;
+        return 0;
+}
+
 void http_listener_stop(HttpListener *h)
 {
         if (!h || h->stopping)
@@ -1161,6 +1192,9 @@ HttpListener *http_listener_free(HttpListener *h)
         http_auth_clear(&h->auth);
         metrics_free(h->metrics);
         free(h->model);
+        for (size_t i = 0; i < h->n_old_models; i++)
+                free(h->old_models[i]);
+        free(h->old_models);
         free(h);
         return NULL;
 }

@@ -69,6 +69,14 @@ void http_listener_deliver(HttpListener *h, const SchedEvent *ev);
 void http_listener_account(HttpListener *h, const SchedEvent *ev, uint64_t *last_token_ns);
 Metrics *http_listener_metrics(HttpListener *h);
 
+/* After a reload: new requests go to e and loop, answered under the name model. Requests
+ * in flight on the previous loop keep their events flowing through
+ * http_listener_deliver(); a disconnect then cancels on the new loop only, so such a
+ * request runs to its end. 0 or -ENOMEM. */
+int http_listener_set_engine(HttpListener *h, Engine *e, EngineLoop *loop, const char *model);
+/* dsctl drain: completions answer 503 while set; connections stay. Accepts NULL. */
+void http_listener_set_draining(HttpListener *h, bool draining);
+
 /* Draining: /health answers 503, completions 503; no new connections. */
 void http_listener_stop(HttpListener *h);
 /* Operations in flight: the server waits for their completions before freeing the ring. */
