@@ -57,11 +57,21 @@ static int parse_object(const char *body, size_t len, cJSON **ret, OaiError *e)
 {
         if (len == 0)
                 return oai_error(e, 400, NULL, "The request body is empty; send a JSON object");
-        cJSON *j = cJSON_ParseWithLength(body, len);
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, false);
         if (!j)
                 return oai_error(e, 400, NULL, "The request body is not valid JSON (near byte "
                                                "%zu)",
                         (size_t) (cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : 0));
+        /* cJSON stops after the first value: what follows must be whitespace, or the body
+         * is not one JSON document. */
+        for (size_t i = (size_t) (end - body); i < len; i++)
+                if (!strchr(" \t\r\n", body[i]) || body[i] == 0) {
+                        cJSON_Delete(j);
+                        return oai_error(e, 400, NULL, "The request body is not valid JSON: "
+                                                       "data after the object at byte %zu",
+                                i);
+                }
         if (!cJSON_IsObject(j)) {
                 cJSON_Delete(j);
                 return oai_error(e, 400, NULL, "The request body must be a JSON object");
@@ -474,6 +484,8 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
                                                                      "\"separate\"");
                 q->reasoning_inline = strcmp(rf->valuestring, "inline") == 0;
         }
+        if (get_bool(o, "dsd_timing", &q->dsd_timing, e) < 0)
+                return -EINVAL;
 
         return refuse_unsupported(o, kind, e);
 }
@@ -796,6 +808,8 @@ int oai_stream_chunk(StrBuf *b, const OaiResponse *r, bool role, const char *con
         /* OpenAI: with include_usage every chunk carries "usage": null but the last. */
         if (include_usage)
                 k = k ?: strbuf_puts(b, ",\"usage\":null");
+        if (r->publish_ns)
+                k = k ?: strbuf_printf(b, ",\"dsd_publish_ns\":%" PRIu64, r->publish_ns);
         return k ?: strbuf_puts(b, "}\n\n");
 }
 

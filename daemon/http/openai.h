@@ -64,6 +64,7 @@ typedef struct OaiRequest {
         bool stream;
         bool include_usage;      /* stream_options.include_usage */
         bool reasoning_inline;   /* "reasoning_format": "inline": keep <think> in content */
+        bool dsd_timing;         /* "dsd_timing": true: stream chunks carry the publish time */
 } OaiRequest;
 
 /* Decodes a request body. 0 and *ret, or -EINVAL (or -ENOMEM) with e filled: status 400
@@ -97,6 +98,9 @@ typedef struct OaiResponse {
         const char *id;    /* "chatcmpl-..." or "cmpl-..." */
         const char *model;
         int64_t created;   /* Unix seconds */
+        /* Not 0: a stream chunk carries "dsd_publish_ns", the CLOCK_MONOTONIC time the
+         * engine published the event it holds, for measuring delivery latency (dsbench). */
+        uint64_t publish_ns;
 } OaiResponse;
 
 typedef struct OaiUsage {

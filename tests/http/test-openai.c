@@ -84,10 +84,13 @@ static void test_request_errors(void)
         expect_error(OAI_CHAT, "{" MSG ",\"stream\":true,\"stream_options\":{\"include_usage\":1}}",
                 "stream_options.include_usage");
         expect_error(OAI_CHAT, "{" MSG ",\"reasoning_format\":\"hidden\"}", "reasoning_format");
+        expect_error(OAI_CHAT, "{" MSG ",\"dsd_timing\":1}", "dsd_timing");
         expect_error(OAI_CHAT, "{" MSG ",\"tools\":[{}]}", "tools");
         expect_error(OAI_CHAT, "{" MSG ",\"logit_bias\":{\"1\":2}}", "logit_bias");
         expect_error(OAI_CHAT, "{" MSG ",\"response_format\":{\"type\":\"json_object\"}}",
                 "response_format");
+        expect_error(OAI_COMPLETION, "{\"prompt\":\"x\"}}", "");
+        expect_error(OAI_COMPLETION, "{\"prompt\":\"x\"} {}", "");
         expect_error(OAI_COMPLETION, "{}", "prompt");
         expect_error(OAI_COMPLETION, "{\"prompt\":5}", "prompt");
         expect_error(OAI_COMPLETION, "{\"prompt\":[\"a\",\"b\"]}", "prompt");
@@ -110,7 +113,8 @@ static void test_request_fields(void)
                            "\"presence_penalty\":1,\"frequency_penalty\":-1,\"logprobs\":true,"
                            "\"top_logprobs\":5,\"n\":1,\"stream\":true,"
                            "\"stream_options\":{\"include_usage\":true},"
-                           "\"reasoning_format\":\"inline\",\"user\":\"ignored\"}";
+                           "\"reasoning_format\":\"inline\",\"dsd_timing\":true,"
+                           "\"user\":\"ignored\"}";
         OaiRequest *q;
         OaiError e;
 
@@ -122,7 +126,7 @@ static void test_request_fields(void)
         CHECK(q->sampling.top_k == 0 && q->sampling.seed == 42 && q->has_seed, "top_k, seed");
         CHECK(q->n_stops == 1 && strcmp(q->stops[0], "x") == 0, "stop");
         CHECK(q->logprobs && q->top_logprobs == 5, "logprobs");
-        CHECK(q->stream && q->include_usage && q->reasoning_inline, "stream");
+        CHECK(q->stream && q->include_usage && q->reasoning_inline && q->dsd_timing, "stream");
         oai_request_free(q);
 
         body = "{\"prompt\":[[1,2,3]],\"logprobs\":2,\"max_tokens\":null}";
@@ -176,7 +180,16 @@ static void test_builders(void)
         CHECK(oai_stream_chunk(&b, &r, true, "", 0, NULL, 0, NULL, NULL, true) == 0, "chunk");
         j = parse_sse(&b);
         CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "usage")), "usage null");
+        CHECK(!cJSON_HasObjectItem(j, "dsd_publish_ns"), "no publish time unless asked");
         cJSON_Delete(j);
+        strbuf_clear(&b);
+        /* 2^53 + 1: the exact digits, not a double's rounding. */
+        r.publish_ns = UINT64_C(9007199254740993);
+        CHECK(oai_stream_chunk(&b, &r, false, "a", 1, NULL, 0, NULL, NULL, false) == 0, "chunk");
+        cJSON_Delete(parse_sse(&b));
+        CHECK(strstr(b.data, ",\"dsd_publish_ns\":9007199254740993}") != NULL, "publish time: %s",
+                b.data);
+        r.publish_ns = 0;
         strbuf_clear(&b);
         CHECK(oai_stream_usage(&b, &r, &u) == 0, "usage chunk");
         j = parse_sse(&b);
