@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The HTTP listener end to end on stories260K over a Unix socket, with http.client:
 greedy answers (streamed and not) equal `dsd --generate`, usage, SSE framing, /metrics
-moving after a known workload, error statuses and bodies, a client leaving mid-stream,
-and a slowloris connection closed after the request timeout."""
+(through prometheus_client's parser and our strict one) moving exactly as a known workload
+says, error statuses and bodies, a full queue, a client leaving mid-stream, and hostile
+connections (oversized heads and bodies, bad JSON and types, slowloris, random bytes)
+while streaming clients beside them keep getting the greedy text."""
 import http.client
 import importlib.util
 import json
@@ -11,7 +13,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError as e:
+    # Test-only dependency from PyPI (tools/install-deps.sh installs it): a missing parser
+    # must fail the test, never skip it.
+    print(f"FAIL: prometheus_client is not installed ({e}); run tools/install-deps.sh or "
+          "python3 -m pip install prometheus_client")
+    sys.exit(1)
 
 shared = os.environ["DSD_SHARED"]
 dsquant = os.environ["DSQUANT"]
@@ -23,6 +35,7 @@ expo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(expo)
 TOKEN = "s3cret-token"
 PROMPT = "Once upon a time"
+KV_BYTES_PER_TOKEN = 1280  # stories260K: room for 4 full contexts, so a batch of 2 fits
 
 
 class UnixHTTP(http.client.HTTPConnection):
@@ -71,11 +84,34 @@ def sse_events(raw):
     return [ev[6:] for ev in events]
 
 
+def prom_samples(text):
+    """Every sample through prometheus_client's parser: {(name, labels): value}."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            key = (smp.name, frozenset(smp.labels.items()))
+            if key in out:
+                raise ValueError(f"prometheus_client: duplicate sample {key}")
+            out[key] = smp.value
+    return out
+
+
 def metrics(path):
     status, body, hdr = request(path, "GET", "/metrics")
     check(status == 200 and hdr["Content-Type"].startswith("text/plain; version=0.0.4"),
           "/metrics content type")
-    return expo.parse(body.decode())
+    text = body.decode()
+    strict = expo.parse(text)
+    try:
+        prom = prom_samples(text)
+    except ValueError as e:
+        check(False, f"prometheus_client parses /metrics: {e}")
+    ours = {(n, frozenset(lab.items())): v
+            for fam in strict.values() for n, lab, v in fam["samples"]}
+    check(prom == ours and len(prom) > 0,
+          f"prometheus_client and the strict parser read the same {len(prom)} samples")
+    check(all(dict(k[1]).get("model") for k in prom), "every series has the model label")
+    return strict
 
 
 def main():
@@ -94,7 +130,8 @@ def main():
                "idle_timeout_ms": 5000, "max_body_bytes": 65536}
         d = subprocess.Popen([dsd, "--model", model, "--socket", os.path.join(tmp, "dsd.sock"),
                               "--http-listen", hp, "--http-config", json.dumps(cfg),
-                              "--queue", "1", "--max-batch", "1"],
+                              "--queue", "2", "--max-batch", "2",
+                              "--kv-bytes", str(KV_BYTES_PER_TOKEN * 512 * 4)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
             for _ in range(200):
@@ -122,7 +159,7 @@ def run(hp, want):
     check(status == 200 and json.loads(body)["data"][0]["object"] == "model", "/v1/models")
 
     m0 = metrics(hp)
-    gen0 = expo.value(m0, "dsd_generation_tokens_total")
+    usages = []  # what the answers of the known workload reported
 
     # Non-streaming completion: the greedy text of dsd --generate.
     req = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0}
@@ -131,6 +168,7 @@ def run(hp, want):
     check(status == 200 and j["object"] == "text_completion", "completion 200")
     check(j["choices"][0]["text"] == want, f"completion text equals dsd --generate: {want!r}")
     u = j["usage"]
+    usages.append(u)
     check(u["completion_tokens"] == 40 and u["total_tokens"] == u["prompt_tokens"] + 40
           and j["choices"][0]["finish_reason"] == "length", f"usage {u}")
     status, body, _ = request(hp, "POST", "/tokenize", {"prompt": PROMPT})
@@ -149,21 +187,38 @@ def run(hp, want):
     check(text == want, "streamed text equals dsd --generate")
     check(chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40,
           "usage chunk last")
+    usages.append(chunks[-1]["usage"])
     check(chunks[-2]["choices"][0]["finish_reason"] == "length", "finish chunk")
     status, body, _ = request(hp, "POST", "/v1/chat/completions",
                               {"messages": [{"role": "user", "content": PROMPT}],
                                "max_tokens": 40, "temperature": 0}, conn=conn)
     j = json.loads(body)
     check(j["choices"][0]["message"]["content"] == want, "non-streamed chat, same connection")
+    usages.append(j["usage"])
     conn.close()
 
     m1 = metrics(hp)
-    check(expo.value(m1, "dsd_generation_tokens_total") - gen0 == 120,
-          "generation counter moved by 3 x 40")
-    check(expo.value(m1, "dsd_requests_finished_total", reason="length")
-          - expo.value(m0, "dsd_requests_finished_total", reason="length") == 3,
-          "finished{length} moved by 3")
-    check(expo.value(m1, "dsd_time_to_first_token_seconds_count") >= 3, "TTFT observed")
+
+    def moved(name, **labels):
+        return expo.value(m1, name, **labels) - expo.value(m0, name, **labels)
+
+    prompt = sum(u["prompt_tokens"] for u in usages)
+    generated = sum(u["completion_tokens"] for u in usages)
+    check(generated == 120 and moved("dsd_generation_tokens_total") == generated,
+          f"generation counter moved by the answers' completion_tokens ({generated})")
+    check(moved("dsd_prompt_tokens_total") == prompt,
+          f"prompt counter moved by the answers' prompt_tokens ({prompt})")
+    check(moved("dsd_requests_finished_total", reason="length") == 3, "finished{length} +3")
+    check(all(moved("dsd_requests_finished_total", reason=r) == 0
+              for r in ("eos", "stop", "cancelled", "error")), "no other finish reason moved")
+    for h in ("dsd_time_to_first_token_seconds", "dsd_e2e_request_latency_seconds",
+              "dsd_request_queue_time_seconds"):
+        check(moved(h + "_count") == 3 and moved(h + "_bucket", le="+Inf") == 3,
+              f"{h}: 3 observations")
+    check(moved("dsd_inter_token_latency_seconds_count") == generated - 3,
+          "inter-token latency: one per token after each first")
+    check(expo.value(m1, "dsd_requests_running") == 0 and
+          expo.value(m1, "dsd_requests_waiting") == 0, "nothing running or waiting")
 
     # Errors: bad field, bad JSON, over-long body, over-long prompt, unknown endpoint.
     status, body, _ = request(hp, "POST", "/v1/completions", {"prompt": PROMPT, "n": 2})
@@ -225,17 +280,222 @@ def run(hp, want):
     check(got.startswith(b"HTTP/1.1 408") and 0.9 <= dt < 5, f"slowloris closed after {dt:.2f}s")
     s.close()
 
-    # A streaming client beside hostile ones is unaffected: raw garbage gets 400 + close.
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(hp)
-    s.sendall(os.urandom(64).replace(b"\n", b"x") + b"\r\n\r\n")
-    s.settimeout(5)
-    check(s.recv(100)[:10] in (b"HTTP/1.1 4", b"HTTP/1.1 5"), "random bytes get an error")
-    s.close()
+    full_queue(hp)
+    hostile_beside_streams(hp, want)
     status, body, _ = request(hp, "POST", "/v1/completions", {"prompt": PROMPT,
                                                               "max_tokens": 40,
                                                               "temperature": 0})
     check(json.loads(body)["choices"][0]["text"] == want, "still serving after hostile input")
+
+
+def raw_request(path, body, url="/v1/completions"):
+    """A request written by hand on a fresh socket, for answers read later or never; the
+    daemon closes the connection after the answer."""
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(path)
+    b = json.dumps(body).encode()
+    s.sendall(b"POST " + url.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              b"Authorization: Bearer " +
+              TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+    return s
+
+
+def read_all(s):
+    got = b""
+    while True:
+        try:
+            k = s.recv(65536)
+        except OSError:
+            break
+        if not k:
+            break
+        got += k
+    return got
+
+
+def full_queue(hp):
+    """dsd runs with --max-batch 2 --queue 2: two requests running and two waiting fill
+    it, the next gets 429 with OpenAI's error body; the earlier ones still finish. The
+    queue counts requests the engine has not picked up yet, so each long one is sent
+    once the one before streams."""
+    long = []
+    for _ in range(2):
+        long.append(raw_request(hp, {"prompt": PROMPT, "max_tokens": 400, "temperature": 0,
+                                     "stream": True}))
+        check(long[-1].recv(1) == b"H", "a long request streams")
+    waiting = [raw_request(hp, {"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+               for _ in range(2)]
+    for _ in range(400):
+        if expo.value(metrics(hp), "dsd_requests_waiting") == 2:
+            break
+        time.sleep(0.002)
+    status, body, hdr = request(hp, "POST", "/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": PROMPT}],
+                                 "max_tokens": 8})
+    check_error(status, body, 429, None, "full queue: 429")
+    e = json.loads(body)["error"]
+    check(e["code"] == "queue_full" and e["type"] and hdr.get("Retry-After") == "1",
+          f"429 body and Retry-After: {e}")
+    # The running ones first: a connection whose reader stalls past idle_timeout_ms is
+    # closed.
+    for a in long:
+        check(read_all(a).endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), "running one completes")
+        a.close()
+    for b in waiting:
+        rb = read_all(b)
+        check(rb.startswith(b"HTTP/1.1 200") and b'"finish_reason":"length"' in rb,
+              "a waiting request is answered")
+        b.close()
+
+
+def stream_text(hp, body):
+    """One streamed completion on its own connection: (status, text, finish_reason)."""
+    status, raw, hdr = request(hp, "POST", "/v1/chat/completions", body)
+    if status != 200:
+        return status, raw, None
+    events = sse_events(raw)
+    if events[-1] != "[DONE]":
+        return status, "no [DONE]", None
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    return status, text, chunks[-1]["choices"][0]["finish_reason"]
+
+
+def hostile_beside_streams(hp, want):
+    """Hostile connections one after another while two clients stream greedy answers
+    beside them the whole time (one of them reading slowly): every hostile one gets a
+    clean error or close, every stream the greedy text."""
+    # Two streams at most: the batch holds both and the queue never fills.
+    stop = threading.Event()
+    results = []
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
+            "temperature": 0, "stream": True}
+
+    def streamer(slow):
+        while not stop.is_set():
+            if slow:
+                # Reads the answer a few bytes at a time over about a second.
+                s = raw_request(hp, body, "/v1/chat/completions")
+                got = b""
+                while True:
+                    k = s.recv(512)
+                    if not k:
+                        break
+                    got += k
+                    time.sleep(0.01)
+                s.close()
+                payload = b"".join(
+                    line[6:] + b"\n" for line in got.split(b"\r\n")
+                    if line.startswith(b"data: {"))
+                text = "".join(json.loads(x)["choices"][0]["delta"].get("content", "")
+                               for x in payload.splitlines() if json.loads(x)["choices"])
+                results.append((got.startswith(b"HTTP/1.1 200"), text, b"[DONE]" in got))
+            else:
+                st, text, fin = stream_text(hp, body)
+                results.append((st == 200, text, fin == "length"))
+
+    threads = [threading.Thread(target=streamer, args=(slow,)) for slow in (False, True)]
+    for t in threads:
+        t.start()
+    try:
+        hostile(hp)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    bad = [r for r in results if not (r[0] and r[1] == want and r[2])]
+    check(len(results) >= 4 and not bad,
+          f"{len(results)} streams beside the hostile clients all got the greedy text {bad[:1]}")
+
+
+def expect_close(s, what, statuses, within):
+    """Reads until the daemon closes s: an error status among statuses, or a bare close."""
+    t0 = time.monotonic()
+    s.settimeout(within + 5)
+    got = read_all(s)
+    dt = time.monotonic() - t0
+    s.close()
+    ok = (got == b"" or any(got.startswith(b"HTTP/1.1 %d " % st) for st in statuses))
+    check(ok and dt < within, f"{what}: {got[:40]!r} then closed after {dt:.2f}s")
+
+
+def hostile(hp):
+    def connect():
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(hp)
+        return s
+
+    # Oversized head: one header line past max_header_bytes (16 KiB).
+    s = connect()
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+    expect_close(s, "oversized header: 431", (431,), 5)
+    s = connect()
+    s.sendall(b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n")
+    expect_close(s, "oversized target: 414", (414,), 5)
+    s = connect()
+    s.sendall(b"GET /health HTTP/1.1\r\n" + b"X-A: b\r\n" * 200 + b"\r\n")
+    expect_close(s, "too many header fields: 431", (431,), 5)
+    # Oversized body, announced and sent: refused from the head, then closed.
+    s = connect()
+    body = b'{"prompt": "' + b"x" * 100000 + b'"}'
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+              TOKEN.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    try:
+        s.sendall(body)
+    except OSError:
+        pass  # the daemon may close before it all went out
+    expect_close(s, "oversized body: 413", (413,), 5)
+    s = connect()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\nffffffff\r\n")
+    expect_close(s, "chunked body: 411", (411,), 5)
+    s = connect()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n")
+    expect_close(s, "negative Content-Length: 400", (400,), 5)
+
+    # Malformed JSON and wrong types: 400 naming the field, the connection stays usable.
+    conn = UnixHTTP(hp)
+    for raw, param in ((b"{not json", None), (b"[1,2]", None), (b"\xff\xfe{}", None),
+                       (b'{"prompt": "a"', None), (b'{"prompt": "a"}}', None)):
+        status, body, _ = request(hp, "POST", "/v1/completions", raw, conn=conn)
+        check_error(status, body, 400, param, f"malformed body {raw[:20]!r}: 400")
+    for field, bad in (("max_tokens", "ten"), ("temperature", [1]), ("stream", "yes"),
+                       ("stop", 7), ("top_k", 1.5), ("seed", {}), ("messages", "hi"),
+                       ("logprobs", "x")):
+        req = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
+        req[field] = bad
+        status, body, _ = request(hp, "POST", "/v1/chat/completions", req, conn=conn)
+        check_error(status, body, 400, field, f"wrong type of {field}: 400 naming it")
+    conn.close()
+
+    # Slowloris: a head trickling in, and a body that stops short; both 408 and closed
+    # after request_timeout_ms (1 s) however slowly bytes keep coming.
+    s = connect()
+    t0 = time.monotonic()
+    try:
+        for ch in b"GET /health HTTP/1.1\r\nX-Slow: " + b"a" * 40:
+            s.send(bytes([ch]))
+            time.sleep(0.05)
+            if time.monotonic() - t0 > 3:
+                break
+    except OSError:
+        pass
+    expect_close(s, "trickling head: 408", (408,), 5)
+    s = connect()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+              b"\r\n{\"prompt\"")
+    expect_close(s, "body that stops short: 408", (408,), 5)
+
+    # Random bytes: an error status, or a close by the request timeout.
+    for i in range(8):
+        s = connect()
+        blob = os.urandom(64 + 256 * i)
+        try:
+            s.sendall(blob if i % 2 else blob + b"\r\n\r\n")
+        except OSError:
+            pass
+        expect_close(s, f"random bytes #{i}", (400, 405, 408, 411, 413, 414, 431, 501, 505), 5)
 
 
 if __name__ == "__main__":
