@@ -1,5 +1,6 @@
 #!/bin/sh
-# Installs what building and testing dsd needs, from Debian's packages. One list, used by
+# Installs what building and testing dsd needs, from Debian's packages, plus one test-only
+# tool from PyPI (prometheus_client, whose parser checks GET /metrics). One list, used by
 # the README's quick start and by CI. Runs apt-get through sudo when not root.
 set -eu
 SUDO=
@@ -7,8 +8,12 @@ SUDO=
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-        gcc libc6-dev meson ninja-build pkg-config xz-utils python3 \
+        gcc libc6-dev meson ninja-build pkg-config xz-utils python3 python3-pip \
         libcjson-dev libpcre2-dev libutf8proc-dev \
         libsystemd-dev liburing-dev libnuma-dev dbus dbus-daemon dbus-bin systemd \
         clang libclang-rt-14-dev >/dev/null
+# Into the python3 the tests run with; Debian's own python3 refuses a plain install
+# (PEP 668), hence the second try.
+python3 -m pip install --quiet prometheus_client 2>/dev/null ||
+        python3 -m pip install --quiet --break-system-packages prometheus_client
 echo "install-deps: build and test dependencies are installed"
