@@ -16,6 +16,7 @@ libfuzzer)
         trap 'rm -rf "$scratch"' EXIT
         mkdir "$scratch/new" "$scratch/artifacts"
         "$bin" -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=4096 -print_final_stats=1 \
+                -error_exitcode=1 -timeout_exitcode=1 \
                 -artifact_prefix="$scratch/artifacts/" "$scratch/new" "$@"
         ;;
 *)

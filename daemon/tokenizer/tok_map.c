@@ -86,7 +86,9 @@ int32_t strmap_get(const StrMap *m, const char *key, size_t len)
                 if (!i)
                         return -1;
                 const StrMapEntry *e = &m->entries[i - 1];
-                if (e->hash == h && e->len == len && !memcmp(m->arena.p + e->off, key, len))
+                /* An empty key may be the only one, with the arena never allocated. */
+                if (e->hash == h && e->len == len &&
+                        (len == 0 || !memcmp(m->arena.p + e->off, key, len)))
                         return e->value;
         }
 }
