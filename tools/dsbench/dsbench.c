@@ -6,17 +6,27 @@
  * engine thread's), so the delay until the client holds it is measured for sleeping
  * (blocking ds_next) or spinning (ds_next(0) in a loop) clients, and compared with a plain
  * Unix-socket round trip measured here. Each child writes its samples to its own
- * unlinked temp file; the parent merges them after the run. */
+ * unlinked temp file; the parent merges them after the run.
+ *
+ * With --http ADDR the same workload goes to dsd's OpenAI-compatible listener instead:
+ * streamed /v1/completions with "dsd_timing": true, whose chunks carry the same publish
+ * time, read by a minimal HTTP/1.1 client (one connection per request, poll() over a
+ * process's requests), so both transports' delivery latencies compare directly. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +49,8 @@ static bool arg_socket_only;
 static uint64_t arg_seed = 1;
 static const char *arg_json;
 static uint32_t arg_rtt_rounds = 20000;
+static const char *arg_http;    /* the HTTP listener, instead of the native socket */
+static const char *arg_api_key; /* its bearer token, when it wants one */
 
 enum { S_TTFT, S_ITL, S_QUEUE, S_DELIVERY, S_TOKENS, S_ERROR, S_LATENCY, _S_MAX };
 
@@ -78,8 +90,27 @@ typedef struct Slot {
         uint32_t tokens;
 } Slot;
 
+#define HTTP_MAX_CONCURRENCY 64u
+
+/* One streamed HTTP request: its connection and what arrived but was not used yet. */
+typedef struct HttpStream {
+        int fd;
+        bool head_done, done;
+        int status;
+        uint64_t chunk_left; /* body bytes of the current chunk still to come */
+        bool chunk_crlf;     /* the CRLF after a chunk's data is still to come */
+        char raw[65536];     /* received, not yet de-chunked */
+        size_t raw_len;
+        char sse[65536];     /* de-chunked event text, not yet parsed */
+        size_t sse_len;
+        uint64_t final_ns;   /* the finish chunk's publish time */
+        uint32_t finish_seen, prompt_tokens, generated_tokens;
+} HttpStream;
+
 typedef struct Child {
         ds_client *c;
+        HttpStream *http; /* --http: one per slot */
+        uint64_t next_id;
         FILE *out;
         Slot *slots;
         uint64_t seed;
@@ -92,6 +123,8 @@ static void emit(Child *ch, uint32_t kind, int32_t code, double v)
         Sample s = {kind, code, v};
         fwrite(&s, sizeof(s), 1, ch->out);
 }
+
+static int http_submit(Child *ch, Slot *sl, const char *prompt, uint32_t max_tokens);
 
 static int child_submit(Child *ch, Slot *sl)
 {
@@ -106,6 +139,8 @@ static int child_submit(Child *ch, Slot *sl)
         for (uint32_t i = 0; i < n; i++)
                 len += (size_t) sprintf(ch->prompt + len, " %s",
                         words[rnd(&ch->seed) % (sizeof(words) / sizeof(words[0]))]);
+        if (arg_http)
+                return http_submit(ch, sl, ch->prompt, pick(arg_max_tokens, &ch->seed));
         ds_request_init(&req);
         req.kind = DS_PROMPT_TEXT;
         req.text = ch->prompt;
@@ -130,6 +165,8 @@ static Slot *slot_of(Child *ch, uint64_t id)
         return NULL;
 }
 
+static int http_next(Child *ch, int timeout_ms, ds_event *ev);
+
 /* Takes one event, waiting until deadline_ns at most. 1, 0 (nothing) or < 0. */
 static int child_next(Child *ch, uint64_t deadline_ns)
 {
@@ -139,7 +176,8 @@ static int child_next(Child *ch, uint64_t deadline_ns)
                               : deadline_ns == UINT64_MAX
                                       ? -1
                                       : (int) ((deadline_ns - now + 999999) / 1000000);
-                int r = ds_next(ch->c, timeout, &ch->ev);
+                int r = arg_http ? http_next(ch, timeout, &ch->ev)
+                                 : ds_next(ch->c, timeout, &ch->ev);
                 if (r != 0 || mono_ns() >= deadline_ns)
                         return r;
         }
@@ -157,11 +195,19 @@ static int child_run(uint32_t index, FILE *out)
         ch.prompt = malloc((size_t) arg_prompt_words.hi * 8 + 32);
         if (!ch.slots || !ch.prompt)
                 return 1;
-        r = ds_connect(arg_socket, arg_socket_only ? DS_CONNECT_SOCKET_ONLY : 0, &ch.c);
-        if (r < 0) {
-                fprintf(stderr, "dsbench: client %u: cannot connect: %s %s\n", index,
-                        ds_strerror(r), ds_connect_message());
-                return 1;
+        if (arg_http) {
+                ch.http = calloc(arg_concurrency, sizeof(*ch.http));
+                if (!ch.http)
+                        return 1;
+                for (uint32_t i = 0; i < arg_concurrency; i++)
+                        ch.http[i].fd = -1;
+        } else {
+                r = ds_connect(arg_socket, arg_socket_only ? DS_CONNECT_SOCKET_ONLY : 0, &ch.c);
+                if (r < 0) {
+                        fprintf(stderr, "dsbench: client %u: cannot connect: %s %s\n", index,
+                                ds_strerror(r), ds_connect_message());
+                        return 1;
+                }
         }
         while (done < arg_requests) {
                 /* Start what the mode allows now. */
@@ -173,7 +219,8 @@ static int child_run(uint32_t index, FILE *out)
                                         sl = &ch.slots[i];
                         r = child_submit(&ch, sl);
                         if (r < 0) {
-                                fprintf(stderr, "dsbench: submit: %s\n", ds_strerror(r));
+                                fprintf(stderr, "dsbench: submit: %s\n",
+                                        arg_http ? strerror(-r) : ds_strerror(r));
                                 return 1;
                         }
                         started++;
@@ -189,7 +236,8 @@ static int child_run(uint32_t index, FILE *out)
                         break;
                 r = child_next(&ch, deadline);
                 if (r < 0) {
-                        fprintf(stderr, "dsbench: ds_next: %s\n", ds_strerror(r));
+                        fprintf(stderr, "dsbench: %s: %s\n", arg_http ? "HTTP" : "ds_next",
+                                arg_http ? strerror(-r) : ds_strerror(r));
                         return 1;
                 }
                 if (r == 0)
@@ -210,7 +258,9 @@ static int child_run(uint32_t index, FILE *out)
                         continue;
                 }
                 if (ch.ev.type == DS_EVENT_FINAL) {
-                        emit(&ch, S_QUEUE, 0, (double) ch.ev.queue_us);
+                        /* HTTP answers do not report the queue time. */
+                        if (!arg_http)
+                                emit(&ch, S_QUEUE, 0, (double) ch.ev.queue_us);
                         emit(&ch, S_TOKENS, (int32_t) ch.ev.prompt_tokens,
                                 (double) ch.ev.generated_tokens);
                 } else
@@ -222,6 +272,266 @@ static int child_run(uint32_t index, FILE *out)
         }
         ds_close(ch.c);
         return 0;
+}
+
+/* ---- the HTTP client ---- */
+
+static int http_connect(const char *addr)
+{
+        const char *path = strncmp(addr, "unix:", 5) == 0 ? addr + 5 : addr[0] == '/' ? addr : NULL;
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+        char host[256];
+        int fd, r;
+
+        if (path) {
+                struct sockaddr_un un = {.sun_family = AF_UNIX};
+                if (strlen(path) >= sizeof(un.sun_path))
+                        return -ENAMETOOLONG;
+                strcpy(un.sun_path, path);
+                fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                if (fd < 0)
+                        return -errno;
+                if (connect(fd, (struct sockaddr *) &un, sizeof(un)) < 0) {
+                        r = -errno;
+                        close(fd);
+                        return r;
+                }
+                return fd;
+        }
+        const char *colon = strrchr(addr, ':');
+        if (!colon || (size_t) (colon - addr) >= sizeof(host))
+                return -EINVAL;
+        /* "[::1]:8080" and "127.0.0.1:8080"; no host means loopback, as dsd reads it. */
+        if (addr[0] == '[' && colon > addr + 1 && colon[-1] == ']')
+                snprintf(host, sizeof(host), "%.*s", (int) (colon - addr - 2), addr + 1);
+        else
+                snprintf(host, sizeof(host), "%.*s", (int) (colon - addr), addr);
+        if (getaddrinfo(host[0] ? host : "127.0.0.1", colon + 1, &hints, &ai) != 0 || !ai)
+                return -EHOSTUNREACH;
+        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+                r = -errno;
+                if (fd >= 0)
+                        close(fd);
+                freeaddrinfo(ai);
+                return r;
+        }
+        freeaddrinfo(ai);
+        /* Requests are single writes; the answer's chunks must not wait on our ACKs. */
+        int one = 1;
+        (void) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        return fd;
+}
+
+/* A streamed completion of the same greedy request the ring mode sends; the connection
+ * closes after the answer. The prompt is our own words: nothing to escape. */
+static int http_submit(Child *ch, Slot *sl, const char *prompt, uint32_t max_tokens)
+{
+        HttpStream *h = &ch->http[sl - ch->slots];
+        char body[4096], req[8192];
+        int n, m, fd;
+
+        n = snprintf(body, sizeof(body),
+                "{\"prompt\":\"%s\",\"max_tokens\":%u,\"temperature\":0,\"stream\":true,"
+                "\"stream_options\":{\"include_usage\":true},\"dsd_timing\":true}",
+                prompt, max_tokens);
+        if (n < 0 || (size_t) n >= sizeof(body))
+                return -E2BIG;
+        m = snprintf(req, sizeof(req),
+                "POST /v1/completions HTTP/1.1\r\nHost: dsd\r\nConnection: close\r\n"
+                "Content-Type: application/json\r\n%s%s%sContent-Length: %d\r\n\r\n%s",
+                arg_api_key ? "Authorization: Bearer " : "", arg_api_key ? arg_api_key : "",
+                arg_api_key ? "\r\n" : "", n, body);
+        if (m < 0 || (size_t) m >= sizeof(req))
+                return -E2BIG;
+        sl->submit_ns = mono_ns();
+        fd = http_connect(arg_http);
+        if (fd < 0)
+                return fd;
+        for (int off = 0; off < m;) {
+                ssize_t k = send(fd, req + off, (size_t) (m - off), MSG_NOSIGNAL);
+                if (k < 0) {
+                        int r = -errno;
+                        close(fd);
+                        return r;
+                }
+                off += (int) k;
+        }
+        *h = (HttpStream){.fd = fd};
+        sl->id = ++ch->next_id;
+        sl->busy = true;
+        sl->tokens = 0;
+        sl->last_ns = sl->submit_ns;
+        return 0;
+}
+
+static uint64_t json_u64(const char *ev, const char *key)
+{
+        const char *p = strstr(ev, key);
+        return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+/* Moves the body's bytes from raw to sse, undoing the chunked encoding. -EPROTO on a
+ * malformed answer. */
+static int http_dechunk(HttpStream *h)
+{
+        size_t i = 0;
+
+        if (!h->head_done) {
+                char *end = memmem(h->raw, h->raw_len, "\r\n\r\n", 4);
+                if (!end)
+                        return h->raw_len == sizeof(h->raw) ? -EPROTO : 0;
+                if (sscanf(h->raw, "HTTP/1.1 %d", &h->status) != 1)
+                        return -EPROTO;
+                h->head_done = true;
+                i = (size_t) (end - h->raw) + 4;
+                /* An error answer is not chunked: its status is all we keep. */
+                if (h->status != 200) {
+                        h->done = true;
+                        return 0;
+                }
+        }
+        while (i < h->raw_len && !h->done) {
+                if (h->chunk_left > 0) {
+                        size_t n = h->raw_len - i;
+                        if (n > h->chunk_left)
+                                n = (size_t) h->chunk_left;
+                        if (n > sizeof(h->sse) - h->sse_len)
+                                n = sizeof(h->sse) - h->sse_len;
+                        if (n == 0)
+                                break; /* the events parsed so far make room */
+                        memcpy(h->sse + h->sse_len, h->raw + i, n);
+                        h->sse_len += n;
+                        h->chunk_left -= n;
+                        i += n;
+                        h->chunk_crlf = h->chunk_left == 0;
+                        continue;
+                }
+                char *eol = memmem(h->raw + i, h->raw_len - i, "\r\n", 2);
+                if (!eol)
+                        break;
+                if (h->chunk_crlf) {
+                        if (eol != h->raw + i)
+                                return -EPROTO;
+                        h->chunk_crlf = false;
+                } else {
+                        char *end;
+                        h->chunk_left = strtoull(h->raw + i, &end, 16);
+                        if (end != eol)
+                                return -EPROTO;
+                        if (h->chunk_left == 0)
+                                h->done = true;
+                }
+                i = (size_t) (eol - h->raw) + 2;
+        }
+        memmove(h->raw, h->raw + i, h->raw_len - i);
+        h->raw_len -= i;
+        return 0;
+}
+
+/* The next event of slot s from what arrived: 1 and ev filled, or 0. */
+static int http_event(Child *ch, uint32_t s, ds_event *ev)
+{
+        HttpStream *h = &ch->http[s];
+        char *end;
+
+        for (;;) {
+                if (h->head_done && h->status != 200) {
+                        *ev = (ds_event){.type = DS_EVENT_ERROR, .request_id = ch->slots[s].id,
+                                .error = -h->status};
+                        return 1;
+                }
+                end = memmem(h->sse, h->sse_len, "\n\n", 2);
+                if (!end)
+                        return 0;
+                *end = 0;
+                size_t used = (size_t) (end - h->sse) + 2;
+                int r = 0;
+                if (strncmp(h->sse, "data: [DONE]", 12) == 0) {
+                        *ev = (ds_event){.type = DS_EVENT_FINAL, .request_id = ch->slots[s].id,
+                                .publish_ns = h->final_ns, .prompt_tokens = h->prompt_tokens,
+                                .generated_tokens = h->generated_tokens};
+                        r = 1;
+                } else if (strstr(h->sse, "\"choices\":[]")) {
+                        h->prompt_tokens = (uint32_t) json_u64(h->sse, "\"prompt_tokens\":");
+                        h->generated_tokens = (uint32_t) json_u64(h->sse,
+                                "\"completion_tokens\":");
+                } else if (strstr(h->sse, "\"finish_reason\":null")) {
+                        *ev = (ds_event){.type = DS_EVENT_TOKEN, .request_id = ch->slots[s].id,
+                                .publish_ns = json_u64(h->sse, "\"dsd_publish_ns\":")};
+                        r = 1;
+                } else if (strstr(h->sse, "\"error\":")) {
+                        *ev = (ds_event){.type = DS_EVENT_ERROR, .request_id = ch->slots[s].id,
+                                .error = -500};
+                        r = 1;
+                } else {
+                        /* The finish chunk: its publish time is the final event's. */
+                        h->final_ns = json_u64(h->sse, "\"dsd_publish_ns\":");
+                }
+                memmove(h->sse, h->sse + used, h->sse_len - used);
+                h->sse_len -= used;
+                if (r)
+                        return 1;
+        }
+}
+
+static void http_end(HttpStream *h)
+{
+        if (h->fd >= 0)
+                close(h->fd);
+        h->fd = -1;
+}
+
+/* Like ds_next(): an event of any request in flight, waiting up to timeout_ms (-1: no
+ * limit). 1, 0 or a negative errno. */
+static int http_next(Child *ch, int timeout_ms, ds_event *ev)
+{
+        struct pollfd pfd[HTTP_MAX_CONCURRENCY];
+        uint32_t idx[HTTP_MAX_CONCURRENCY], n = 0;
+        int r;
+
+        for (uint32_t s = 0; s < arg_concurrency; s++) {
+                if (!ch->slots[s].busy)
+                        continue;
+                if (http_event(ch, s, ev) > 0) {
+                        if (ev->type != DS_EVENT_TOKEN)
+                                http_end(&ch->http[s]);
+                        return 1;
+                }
+                if (ch->http[s].fd >= 0) {
+                        pfd[n] = (struct pollfd){.fd = ch->http[s].fd, .events = POLLIN};
+                        idx[n++] = s;
+                }
+        }
+        if (n == 0)
+                return 0;
+        r = poll(pfd, n, timeout_ms);
+        if (r < 0)
+                return errno == EINTR ? 0 : -errno;
+        for (uint32_t i = 0; i < n; i++) {
+                HttpStream *h = &ch->http[idx[i]];
+                if (!pfd[i].revents)
+                        continue;
+                ssize_t k = recv(h->fd, h->raw + h->raw_len, sizeof(h->raw) - h->raw_len, 0);
+                if (k < 0)
+                        return -errno;
+                if (k == 0 && !h->done)
+                        return -ECONNRESET; /* closed before the answer's end */
+                h->raw_len += (size_t) k;
+                r = http_dechunk(h);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* An HTTP error as dsbench keeps it: the negated status. */
+static const char *http_status_text(int32_t code)
+{
+        static char buf[32];
+
+        snprintf(buf, sizeof(buf), "HTTP status %d", -code);
+        return buf;
 }
 
 /* ---- the plain socket round trip ---- */
@@ -357,7 +667,10 @@ static void help(void)
                "  --socket-only          events on the socket, no shared memory\n"
                "  --seed S               prompt and length choices (default 1)\n"
                "  --rtt-rounds N         plain socket round trips to measure (default 20000)\n"
-               "  --json FILE            also write the results as JSON\n");
+               "  --json FILE            also write the results as JSON\n"
+               "  --http ADDR            the OpenAI HTTP listener instead (a Unix socket path or\n"
+               "                         host:port): streamed /v1/completions with dsd_timing\n"
+               "  --api-key KEY          its bearer token, when it wants one\n");
 }
 
 static int parse_argv(int argc, char **argv)
@@ -375,6 +688,8 @@ static int parse_argv(int argc, char **argv)
                 ARG_SEED,
                 ARG_JSON,
                 ARG_RTT,
+                ARG_HTTP,
+                ARG_API_KEY,
         };
         static const struct option options[] = {{"help", no_argument, NULL, 'h'},
                 {"socket", required_argument, NULL, ARG_SOCKET},
@@ -387,7 +702,9 @@ static int parse_argv(int argc, char **argv)
                 {"socket-only", no_argument, NULL, ARG_SOCKET_ONLY},
                 {"seed", required_argument, NULL, ARG_SEED},
                 {"rtt-rounds", required_argument, NULL, ARG_RTT},
-                {"json", required_argument, NULL, ARG_JSON}, {}};
+                {"json", required_argument, NULL, ARG_JSON},
+                {"http", required_argument, NULL, ARG_HTTP},
+                {"api-key", required_argument, NULL, ARG_API_KEY}, {}};
         uint32_t seed;
         char *end;
         int c, r;
@@ -440,11 +757,23 @@ static int parse_argv(int argc, char **argv)
                 case ARG_JSON:
                         arg_json = optarg;
                         break;
+                case ARG_HTTP:
+                        arg_http = optarg;
+                        break;
+                case ARG_API_KEY:
+                        arg_api_key = optarg;
+                        break;
                 default:
                         return -EINVAL;
                 }
                 if (r < 0)
                         return r;
+        }
+        if (arg_http && (arg_socket_only || arg_concurrency > HTTP_MAX_CONCURRENCY)) {
+                fprintf(stderr, "dsbench: --http takes neither --socket-only nor more than %u "
+                                "in flight per client\n",
+                        HTTP_MAX_CONCURRENCY);
+                return -EINVAL;
         }
         if (optind < argc) {
                 fprintf(stderr, "dsbench: unexpected argument '%s'\n", argv[optind]);
@@ -533,9 +862,13 @@ int main(int argc, char **argv)
                 arg_concurrency, arg_requests, mode);
         if (arg_rate > 0)
                 printf(" at %.2f req/s", arg_rate);
-        printf(", %s clients, %s\n", wait_mode, arg_socket_only ? "socket-only" : "ring");
+        const char *transport = arg_http ? "http" : arg_socket_only ? "socket" : "ring";
+        printf(", %s clients, %s\n", wait_mode, transport);
         printf("  %.2f s, %" PRIu64 " requests done, %" PRIu64 " errors%s%s\n", secs, n_final,
-                n_errors, n_errors ? " (first: " : "", n_errors ? ds_strerror(first_error) : "");
+                n_errors, n_errors ? " (first: " : "",
+                !n_errors ? ""
+                : arg_http ? http_status_text(first_error)
+                           : ds_strerror(first_error));
         if (n_errors)
                 printf(")\n");
         printf("  throughput: %.1f generated tokens/s, %.1f prompt tokens/s, %.2f requests/s\n",
@@ -564,7 +897,7 @@ int main(int argc, char **argv)
                         "  \"latency\": {\n",
                         arg_clients, arg_concurrency, arg_requests, arg_prompt_words.lo,
                         arg_prompt_words.hi, arg_max_tokens.lo, arg_max_tokens.hi, mode, arg_rate,
-                        wait_mode, arg_socket_only ? "socket" : "ring", secs, n_final, n_errors,
+                        wait_mode, transport, secs, n_final, n_errors,
                         generated, prompt_tokens, (double) generated / secs,
                         (double) n_final / secs);
                 print_dist(f, "ttft", &v[S_TTFT], true, false);
