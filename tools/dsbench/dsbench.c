@@ -101,9 +101,9 @@ typedef struct HttpStream {
         bool chunk_crlf;     /* the CRLF after a chunk's data is still to come */
         char raw[65536];     /* received, not yet de-chunked */
         size_t raw_len;
-        char sse[65536];     /* de-chunked event text, not yet parsed */
+        char sse[65536]; /* de-chunked event text, not yet parsed */
         size_t sse_len;
-        uint64_t final_ns;   /* the finish chunk's publish time */
+        uint64_t final_ns; /* the finish chunk's publish time */
         uint32_t finish_seen, prompt_tokens, generated_tokens;
 } HttpStream;
 
@@ -437,7 +437,8 @@ static int http_event(Child *ch, uint32_t s, ds_event *ev)
 
         for (;;) {
                 if (h->head_done && h->status != 200) {
-                        *ev = (ds_event){.type = DS_EVENT_ERROR, .request_id = ch->slots[s].id,
+                        *ev = (ds_event){.type = DS_EVENT_ERROR,
+                                .request_id = ch->slots[s].id,
                                 .error = -h->status};
                         return 1;
                 }
@@ -448,20 +449,23 @@ static int http_event(Child *ch, uint32_t s, ds_event *ev)
                 size_t used = (size_t) (end - h->sse) + 2;
                 int r = 0;
                 if (strncmp(h->sse, "data: [DONE]", 12) == 0) {
-                        *ev = (ds_event){.type = DS_EVENT_FINAL, .request_id = ch->slots[s].id,
-                                .publish_ns = h->final_ns, .prompt_tokens = h->prompt_tokens,
+                        *ev = (ds_event){.type = DS_EVENT_FINAL,
+                                .request_id = ch->slots[s].id,
+                                .publish_ns = h->final_ns,
+                                .prompt_tokens = h->prompt_tokens,
                                 .generated_tokens = h->generated_tokens};
                         r = 1;
                 } else if (strstr(h->sse, "\"choices\":[]")) {
                         h->prompt_tokens = (uint32_t) json_u64(h->sse, "\"prompt_tokens\":");
-                        h->generated_tokens = (uint32_t) json_u64(h->sse,
-                                "\"completion_tokens\":");
+                        h->generated_tokens = (uint32_t) json_u64(h->sse, "\"completion_tokens\":");
                 } else if (strstr(h->sse, "\"finish_reason\":null")) {
-                        *ev = (ds_event){.type = DS_EVENT_TOKEN, .request_id = ch->slots[s].id,
+                        *ev = (ds_event){.type = DS_EVENT_TOKEN,
+                                .request_id = ch->slots[s].id,
                                 .publish_ns = json_u64(h->sse, "\"dsd_publish_ns\":")};
                         r = 1;
                 } else if (strstr(h->sse, "\"error\":")) {
-                        *ev = (ds_event){.type = DS_EVENT_ERROR, .request_id = ch->slots[s].id,
+                        *ev = (ds_event){.type = DS_EVENT_ERROR,
+                                .request_id = ch->slots[s].id,
                                 .error = -500};
                         r = 1;
                 } else {
@@ -770,8 +774,9 @@ static int parse_argv(int argc, char **argv)
                         return r;
         }
         if (arg_http && (arg_socket_only || arg_concurrency > HTTP_MAX_CONCURRENCY)) {
-                fprintf(stderr, "dsbench: --http takes neither --socket-only nor more than %u "
-                                "in flight per client\n",
+                fprintf(stderr,
+                        "dsbench: --http takes neither --socket-only nor more than %u "
+                        "in flight per client\n",
                         HTTP_MAX_CONCURRENCY);
                 return -EINVAL;
         }
@@ -866,7 +871,7 @@ int main(int argc, char **argv)
         printf(", %s clients, %s\n", wait_mode, transport);
         printf("  %.2f s, %" PRIu64 " requests done, %" PRIu64 " errors%s%s\n", secs, n_final,
                 n_errors, n_errors ? " (first: " : "",
-                !n_errors ? ""
+                !n_errors  ? ""
                 : arg_http ? http_status_text(first_error)
                            : ds_strerror(first_error));
         if (n_errors)
@@ -897,9 +902,8 @@ int main(int argc, char **argv)
                         "  \"latency\": {\n",
                         arg_clients, arg_concurrency, arg_requests, arg_prompt_words.lo,
                         arg_prompt_words.hi, arg_max_tokens.lo, arg_max_tokens.hi, mode, arg_rate,
-                        wait_mode, transport, secs, n_final, n_errors,
-                        generated, prompt_tokens, (double) generated / secs,
-                        (double) n_final / secs);
+                        wait_mode, transport, secs, n_final, n_errors, generated, prompt_tokens,
+                        (double) generated / secs, (double) n_final / secs);
                 print_dist(f, "ttft", &v[S_TTFT], true, false);
                 print_dist(f, "itl", &v[S_ITL], true, false);
                 print_dist(f, "request", &v[S_LATENCY], true, false);
