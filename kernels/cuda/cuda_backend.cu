@@ -6,8 +6,9 @@
  * and gate|up fused, dense layers and the embedding as FP16, norms and biases as float32.
  * A step's tokens are dealt into tiles (rows, attention items, block-table entries and
  * logits rows bounded by the scratch sized at load); each tile runs through every layer.
- * Up to 16 rows a linear is the INT4 GEMV (in passes of GEMV_ROWS); above, its weight is
- * dequantized into FP16 scratch and multiplied by cuBLAS with float32 accumulation.
+ * Up to 16 rows an AWQ linear is the tensor-core INT4 GEMV (dense ones the FP16 GEMV, in
+ * passes of GEMV_ROWS); above, cuBLAS multiplies the resident FP16 copy of the weight (or
+ * one dequantized into scratch) with float32 accumulation.
  *
  * A step made only of single-token decodes replays a CUDA graph captured once per batch
  * bucket (1, 2, 4, ...): the step's metadata (tokens, positions, slots, block tables,
@@ -76,9 +77,10 @@ struct Backend {
         float attention_factor;
 
         /* scratch, for TILE_ROWS rows */
-        float *x, *xn, *q, *att, *hb, *part, *acc, *logits;
+        float *x, *q, *part, *acc, *logits;
+        __half *xn, *att, *hb; /* linear inputs */
         float2 *ml;
-        __half *xh, *w16;
+        __half *w16;
         int32_t *ids_d;
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
@@ -195,7 +197,7 @@ static void weights_free(Backend *b)
         dfree(b->final_norm);
         dfree(b->inv_freq);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
-                b->xh, b->w16, b->ids_d, b->meta_d};
+                b->w16, b->ids_d, b->meta_d};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
@@ -205,9 +207,9 @@ static void weights_free(Backend *b)
         free(b->sample_i);
         b->embed = NULL;
         b->final_norm = b->inv_freq = NULL;
-        b->x = b->xn = b->q = b->att = b->hb = b->part = b->acc = b->logits = NULL;
+        b->x = b->q = b->part = b->acc = b->logits = NULL;
+        b->xn = b->att = b->hb = b->w16 = NULL;
         b->ml = NULL;
-        b->xh = b->w16 = NULL;
         b->ids_d = NULL;
         b->meta_d = b->meta_h = NULL;
         b->ids_h = NULL;
@@ -267,14 +269,18 @@ static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32
         return 0;
 }
 
-static uint32_t gemv_splits(const Backend *b, bool awq, uint32_t n, uint32_t chunks)
+static uint32_t gemv_splits(const Backend *b, bool awq, uint32_t n, uint32_t k)
 {
-        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice. An AWQ
-         * warp takes 8 columns, a dense one 4. */
-        uint32_t warps = div_up(n, awq ? 8 : 4), target = (uint32_t) b->n_sm * 32;
-        uint32_t s = div_up(target, warps);
-        uint32_t s_max = MAX(1u, chunks / 32);
-        return MIN(MIN(s, s_max), 16u);
+        if (awq) {
+                /* ~16 warps per SM (each keeps 8 KB of loads in flight), and at least two
+                 * k tiles of 128 per slice so a warp's loads go out together. */
+                uint32_t warps = div_up(n, 32), s = div_up((uint32_t) b->n_sm * 16, warps);
+                return MIN(MIN(s, MAX(1u, div_up(k, 128) / 2)), 16u);
+        }
+        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice; a dense
+         * warp takes 4 columns and 8 k per load. */
+        uint32_t warps = div_up(n, 4), s = div_up((uint32_t) b->n_sm * 32, warps);
+        return MIN(MIN(s, MAX(1u, k / 8 / 32)), 16u);
 }
 
 /* Uploads parts[0..n_parts) (same input, outputs concatenated) as one device linear. */
@@ -305,9 +311,9 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                                 "cuda backend: %s: AWQ needs in and group size multiples of 32",
                                 what);
                 l->group_size = p0->group_size;
-                l->splits = split ? gemv_splits(b, true, N, l->in / 32) : 1;
+                l->splits = split ? gemv_splits(b, true, N, l->in) : 1;
                 uint32_t groups = l->in / l->group_size;
-                DALLOC(l->qw, (size_t) N * l->in / 2, what);
+                DALLOC(l->qw, (size_t) N * div_up(l->in, 128) * 128 / 2, what);
                 DALLOC(l->sz, (size_t) groups * N * sizeof(__half2), what);
                 uint32_t n_off = 0;
                 for (uint32_t i = 0; i < n_parts && r == 0; i++) {
@@ -341,7 +347,7 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                 }
         } else {
                 l->kp = (p0->in + 7) / 8 * 8;
-                l->splits = split ? gemv_splits(b, false, N, l->kp / 8) : 1;
+                l->splits = split ? gemv_splits(b, false, N, l->kp) : 1;
                 DALLOC(l->w, (size_t) N * l->kp * 2, what);
                 if (l->kp != l->in)
                         CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
@@ -483,15 +489,14 @@ static int scratch_alloc(Backend *b, DsError *err)
                 w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
-        DALLOC(b->xn, R * k_max * 4, "normed rows");
+        DALLOC(b->xn, R * k_max * 2, "normed rows");
         DALLOC(b->q, R * q_dim * 4, "queries");
-        DALLOC(b->att, R * q_dim * 4, "attention output");
-        DALLOC(b->hb, R * c->intermediate * 4, "mlp activations");
+        DALLOC(b->att, R * q_dim * 2, "attention output");
+        DALLOC(b->hb, R * c->intermediate * 2, "mlp activations");
         DALLOC(b->part, part * 4, "partial sums");
         DALLOC(b->acc, (size_t) TILE_ITEMS * q_dim * 4, "attention partials");
         DALLOC(b->ml, (size_t) TILE_ITEMS * c->n_heads * sizeof(float2), "attention maxima");
         DALLOC(b->logits, (size_t) TILE_OUT * c->vocab_size * 4, "logits");
-        DALLOC(b->xh, R * k_max * 2, "fp16 rows");
         DALLOC(b->w16, w16 * 2, "dequantized weights");
         DALLOC(b->ids_d, TILE_OUT * 4, "ids");
 
@@ -577,10 +582,14 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
  * The forward pass */
 
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
-static uint32_t linear(Backend *b, const CuLinear *l, const float *x, uint32_t rows, float *y)
+static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t rows, float *y)
 {
         if (rows <= GEMV_MAX_ROWS) {
                 size_t slice = (size_t) rows * l->out;
+                if (l->awq) {
+                        cu_gemv(b->st, l, x, l->in, rows, y, slice);
+                        return l->splits;
+                }
                 for (uint32_t r0 = 0; r0 < rows; r0 += GEMV_ROWS)
                         cu_gemv(b->st, l, x + (size_t) r0 * l->in, l->in,
                                 MIN((uint32_t) GEMV_ROWS, rows - r0), y + (size_t) r0 * l->out,
@@ -590,7 +599,6 @@ static uint32_t linear(Backend *b, const CuLinear *l, const float *x, uint32_t r
         const float one = 1.0f, zero = 0.0f;
         const __half *w = l->w;
         uint32_t ldw = l->kp;
-        cu_to_half(b->st, x, b->xh, (size_t) rows * l->in);
         if (l->awq && !l->w) {
                 cu_awq_dequant(b->st, l, b->w16);
                 w = b->w16;
@@ -600,7 +608,7 @@ static uint32_t linear(Backend *b, const CuLinear *l, const float *x, uint32_t r
          * cuBLAS's column-major terms y^T = W · x^T. The first failure is kept for the
          * step to report. */
         cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) l->out, (int) rows, (int) l->in, &one,
-                w, CUDA_R_16F, (int) ldw, b->xh, CUDA_R_16F, (int) l->in, &zero, y, CUDA_R_32F,
+                w, CUDA_R_16F, (int) ldw, x, CUDA_R_16F, (int) l->in, &zero, y, CUDA_R_32F,
                 (int) l->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS && b->blas_status == CUBLAS_STATUS_SUCCESS)
                 b->blas_status = st;
@@ -1123,6 +1131,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         Backend *b = NULL;
         CuLinear d = {};
         float *xd = NULL, *yd = NULL;
+        __half *xh = NULL;
         int r = cuda_create(NULL, &b, err);
         if (r < 0)
                 return r;
@@ -1135,7 +1144,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         if (r == 0)
                 r = dalloc((void **) &yd, slices * rows * N * 4, "y", err);
         if (r == 0)
-                r = dalloc((void **) &b->xh, rows * K * 2, "x16", err);
+                r = dalloc((void **) &xh, rows * K * 2, "x16", err);
         if (r == 0 && d.awq)
                 r = dalloc((void **) &b->w16, N * K * 2, "w16", err);
         float *yh = (float *) calloc(slices * rows * N, sizeof(float));
@@ -1146,7 +1155,8 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
                 cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
                         b->st);
                 if (e == cudaSuccess) {
-                        uint32_t s = linear(b, &d, xd, rows, yd);
+                        cu_to_half(b->st, xd, xh, rows * K);
+                        uint32_t s = linear(b, &d, xh, rows, yd);
                         e = cudaGetLastError();
                         if (e == cudaSuccess)
                                 e = cudaStreamSynchronize(b->st);
@@ -1167,6 +1177,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         }
         free(yh);
         dfree(xd);
+        dfree(xh);
         dfree(yd);
         linear_free(&d);
         cuda_free(b);

@@ -72,7 +72,7 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
 
 __global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
         const float *__restrict__ part, uint32_t splits, size_t slice_stride,
-        const float *__restrict__ bias, const float *__restrict__ w, float *xn, uint32_t hidden,
+        const float *__restrict__ bias, const float *__restrict__ w, __half *xn, uint32_t hidden,
         float eps, const uint32_t *out_row, bool write_res)
 {
         __shared__ float red[32];
@@ -114,12 +114,12 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                 uint32_t i = threadIdx.x + e * blockDim.x;
                 if (i < hidden)
-                        xn[(size_t) j * hidden + i] = w[i] * (a[e] * inv);
+                        xn[(size_t) j * hidden + i] = __float2half(w[i] * (a[e] * inv));
         }
 }
 
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
-        size_t slice_stride, const float *bias, const float *w, float *xn, uint32_t rows,
+        size_t slice_stride, const float *bias, const float *w, __half *xn, uint32_t rows,
         uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
         k_add_norm<<<rows, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, w, xn, hidden,
@@ -182,7 +182,7 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
 }
 
 __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t inter, float *out)
+        const float *bias, uint32_t inter, __half *out)
 {
         uint32_t r = blockIdx.y;
         size_t row = (size_t) r * 2 * inter;
@@ -191,12 +191,12 @@ __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride
                 i += gridDim.x * blockDim.x) {
                 float g = sum_part(part, splits, slice_stride, row + i, bias, i);
                 float u = sum_part(part, splits, slice_stride, row + inter + i, bias, inter + i);
-                out[(size_t) r * inter + i] = g / (1.0f + expf(-g)) * u;
+                out[(size_t) r * inter + i] = __float2half(g / (1.0f + expf(-g)) * u);
         }
 }
 
 void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t rows, uint32_t inter, float *out)
+        const float *bias, uint32_t rows, uint32_t inter, __half *out)
 {
         dim3 grid(div_up(inter, 256 * 4), rows);
         k_swiglu<<<grid, 256, 0, st>>>(part, splits, slice_stride, bias, inter, out);
@@ -373,7 +373,7 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
 }
 
 __global__ void k_attention_combine(const float *acc, const float2 *ml, const uint2 *row_items,
-        uint32_t n_heads, uint32_t hd, float *out)
+        uint32_t n_heads, uint32_t hd, __half *out)
 {
         uint32_t r = blockIdx.x, h = blockIdx.y;
         uint2 ri = row_items[r];
@@ -392,29 +392,37 @@ __global__ void k_attention_combine(const float *acc, const float2 *ml, const ui
                         size_t it = ri.x + i;
                         a += expf(ml[it * n_heads + h].x - m) * acc[(it * n_heads + h) * hd + d];
                 }
-                out[((size_t) r * n_heads + h) * hd + d] = a / l;
+                out[((size_t) r * n_heads + h) * hd + d] = __float2half(a / l);
         }
 }
 
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
-        uint32_t rows, uint32_t n_heads, uint32_t head_dim, float *out)
+        uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out)
 {
         dim3 grid(rows, n_heads);
         k_attention_combine<<<grid, 128, 0, st>>>(acc, ml, meta.row_items, n_heads, head_dim, out);
 }
 
 /* ---------------------------------------------------------------------------------------
- * INT4 x float32 GEMV for up to GEMV_ROWS rows, streaming the weights.
+ * INT4 x FP16 GEMV for up to 16 rows on tensor cores, streaming the weights.
  *
- * Layout (k_awq_repack): for each group of 4 output columns, K/32 chunks of four 16-byte
- * units, unit c holding the 32 nibbles of column 4g+c over 32 consecutive k. A warp owns a
- * pair of column groups and one K slice: lane l loads unit l of each run of 32 of both,
- * so every load instruction reads 512 contiguous bytes, lane l works on column l%4 of
- * each, and eight loads per lane are in flight before any is used. The lanes of a column are reduced by shuffles in
- * a fixed order. */
+ * Layout (k_awq_repack): the weight is cut into tiles of 8 columns by 128 k; a tile is 32
+ * 16-byte units, unit l being what lane l of an mma.m16n8k16 needs as its B fragments for
+ * the tile's 8 k-steps: column n = l/4 and, with t = l%4, word w (k 32w..32w+32 of the
+ * tile) holds k = 32w + 2t + {0, 1, 8, 9, 16, 17, 24, 25} in nibbles {0, 4, 1, 5, 2, 6, 3,
+ * 7}. One lop3 then yields the half2 pairs the fragment registers want (the "interleaved"
+ * order: nibbles i and i+4 are the two halves of a 32-bit mask). The tiles of a column
+ * group follow each other along k, so a warp's 16-byte loads read 512 contiguous bytes.
+ *
+ * A warp owns GEMV_NT column tiles and a range of k tiles (its split): per k tile it issues
+ * its GEMV_NT loads (one tile ahead), then per word dequantizes (q - z) * s in FP16 (q - z is exact; one
+ * rounding, as the dequantized cuBLAS path) and runs two mma per column tile with the x
+ * fragments read from the FP16 rows (L1-resident: all warps of an SM share them). The
+ * accumulators are float32 and the instruction count per weight does not grow with the
+ * rows, so 1 to 16 rows cost the same weight stream. */
 
-#define GEMV_WARPS  8
-#define GEMV_UNROLL 4
+#define GEMV_NT    4 /* column tiles of 8 per warp */
+#define GEMV_WARPS 4
 
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 {
@@ -431,124 +439,151 @@ __device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
         return *reinterpret_cast<__half2 *>(&u);
 }
 
-/* The 8 values q - z of one packed word, as 4 float pairs (k, k+1). The magic 0x6400
- * makes fp16 1024 + nibble; subtracting 1024 + z (or scaling the nibble shifted by 4 and
- * subtracting 64 + z) leaves q - z exactly. */
-__device__ __forceinline__ void awq_dq(uint32_t w, __half2 z1024, __half2 z64, float2 *f)
+__device__ __forceinline__ uint32_t h2_as_u32(__half2 h)
+{
+        return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* The four B registers (two k-steps) of one word: (q - z) * s, exact before the multiply.
+ * The magic 0x6400 makes fp16 1024 + nibble; the upper nibbles come out times 16 and are
+ * brought back with one fma. */
+__device__ __forceinline__ void awq_frag(uint32_t w, __half2 z1024, __half2 z64, __half2 s,
+        uint32_t *b)
 {
         const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f);
-        f[0] = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
-        f[1] = __half22float2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
+        b[0] = h2_as_u32(__hmul2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024), s));
+        b[1] = h2_as_u32(__hmul2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64), s));
         w >>= 8;
-        f[2] = __half22float2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024));
-        f[3] = __half22float2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64));
+        b[2] = h2_as_u32(__hmul2(__hsub2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), z1024), s));
+        b[3] = h2_as_u32(__hmul2(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, z64), s));
 }
 
-/* One word of each of the two column groups a lane works on: x[k..k+8) is loaded once
- * per row and used for both, which halves the x traffic through L1 per weight byte. */
-template <int M>
-__device__ __forceinline__ void awq_word2(uint32_t wa, uint32_t wb, const __half2 *z,
-        const float *x, uint32_t ldx, uint32_t k, float *pa, float *pb)
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
 {
-        float2 a[4], b[4];
-        awq_dq(wa, z[0], z[1], a);
-        awq_dq(wb, z[2], z[3], b);
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* One k tile's loads for a warp: the weight units of its column tiles and their (scale,
+ * zero) pairs, per word, or once when the group spans the tile (G128). */
+struct GemvTile {
+        uint4 v[GEMV_NT];
+        __half2 e[4][GEMV_NT];
+};
+
+template <bool G128>
+__device__ __forceinline__ void gemv_load(GemvTile &tl, const uint4 *qw, const __half2 *sz,
+        uint32_t nt0, uint32_t nts, uint32_t kb, uint32_t kb_n, uint32_t lane, uint32_t K,
+        uint32_t N, uint32_t gs)
+{
+        const __half2 *szr = sz + nt0 * 8 + lane / 4;
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-                const float4 *xp = (const float4 *) (x + (size_t) m * ldx + k);
-                float4 u = __ldg(xp), v = __ldg(xp + 1);
-                pa[m] += a[0].x * u.x + a[0].y * u.y + a[1].x * u.z + a[1].y * u.w +
-                         a[2].x * v.x + a[2].y * v.y + a[3].x * v.z + a[3].y * v.w;
-                pb[m] += b[0].x * u.x + b[0].y * u.y + b[1].x * u.z + b[1].y * u.w +
-                         b[2].x * v.x + b[2].y * v.y + b[3].x * v.z + b[3].y * v.w;
+        for (int j = 0; j < GEMV_NT; j++)
+                if (j < nts)
+                        tl.v[j] = ld_stream(qw + ((size_t) (nt0 + j) * kb_n + kb) * 32 + lane);
+#pragma unroll
+        for (int w = 0; w < (G128 ? 1 : 4); w++) {
+                uint32_t k = kb * 128 + 32 * w;
+#pragma unroll
+                for (int j = 0; j < GEMV_NT; j++)
+                        if (j < nts && k < K)
+                                tl.e[w][j] = __ldg(szr + (size_t) (k / gs) * N + 8 * j);
         }
 }
 
-/* A warp owns the column groups 2w and 2w+1 (N % 8 == 0 makes them pairs). */
-template <int M>
+/* HI: rows 8..15 exist (M > 8), so the fragments' upper halves are loaded. G128: the group
+ * size is a multiple of 128, so one (scale, zero) per column serves a whole k tile. The
+ * next k tile's loads are issued before this one's math, so a warp always has loads in
+ * flight. */
+template <bool HI, bool G128>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_awq(const uint4 *__restrict__ qw,
-        const __half2 *__restrict__ sz, const float *__restrict__ x, uint32_t ldx,
+        const __half2 *__restrict__ sz, const __half *__restrict__ x, uint32_t ldx, uint32_t M,
         float *__restrict__ y, size_t slice_stride, uint32_t K, uint32_t N, uint32_t gs,
-        uint32_t splits)
+        uint32_t kb_n, uint32_t splits)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t g = 2 * (blockIdx.x * GEMV_WARPS + warp);
-        if (g >= N / 4)
+        uint32_t nt0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_NT;
+        if (nt0 * 8 >= N)
                 return;
-        uint32_t kc_n = K / 32, s = blockIdx.y;
-        uint32_t c0 = (uint32_t) ((uint64_t) kc_n * s / splits);
-        uint32_t c1 = (uint32_t) ((uint64_t) kc_n * (s + 1) / splits);
-        uint32_t col = lane % 4, na = 4 * g + col, nb = na + 4;
-        const uint4 *wa = qw + (size_t) g * kc_n * 4 + col;
-        const uint4 *wb = wa + (size_t) kc_n * 4;
-        float acc_a[M], acc_b[M];
+        uint32_t s = blockIdx.y, g = lane / 4, t = lane % 4;
+        uint32_t b0 = (uint32_t) ((uint64_t) kb_n * s / splits);
+        uint32_t b1 = (uint32_t) ((uint64_t) kb_n * (s + 1) / splits);
+        uint32_t nts = min((uint32_t) GEMV_NT, N / 8 - nt0);
+        const __half *xa = x + (size_t) g * ldx + 2 * t, *xb = xa + (size_t) 8 * ldx;
+        bool ra = g < M, rb = HI && g + 8 < M;
+        float c[GEMV_NT][4];
 #pragma unroll
-        for (int m = 0; m < M; m++)
-                acc_a[m] = acc_b[m] = 0.0f;
+        for (int j = 0; j < GEMV_NT; j++)
+                c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 
-        for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * GEMV_UNROLL) {
-                uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+        GemvTile cur, next;
+        if (b0 < b1)
+                gemv_load<G128>(cur, qw, sz, nt0, nts, b0, kb_n, lane, K, N, gs);
+        for (uint32_t kb = b0; kb < b1; kb++) {
+                if (kb + 1 < b1)
+                        gemv_load<G128>(next, qw, sz, nt0, nts, kb + 1, kb_n, lane, K, N, gs);
 #pragma unroll
-                for (int i = 0; i < GEMV_UNROLL; i++)
-                        if (base + 8 * i < c1) {
-                                va[i] = ld_stream(wa + (size_t) (base + 8 * i) * 4);
-                                vb[i] = ld_stream(wb + (size_t) (base + 8 * i) * 4);
-                        }
-#pragma unroll
-                for (int i = 0; i < GEMV_UNROLL; i++) {
-                        uint32_t kc = base + 8 * i;
-                        if (kc >= c1)
+                for (int w = 0; w < 4; w++) {
+                        uint32_t k = kb * 128 + 32 * w;
+                        if (k >= K)
                                 break;
-                        const __half2 *szr = sz + (size_t) (kc * 32 / gs) * N;
-                        __half2 sa = __ldg(szr + na), sb = __ldg(szr + nb);
-                        __half2 za = __half2half2(__high2half(sa)), zb = __half2half2(__high2half(sb));
-                        __half2 z[4] = {
-                                __hadd2(za, __float2half2_rn(1024.0f)),
-                                __hneg2(__hadd2(za, __float2half2_rn(64.0f))),
-                                __hadd2(zb, __float2half2_rn(1024.0f)),
-                                __hneg2(__hadd2(zb, __float2half2_rn(64.0f))),
-                        };
-                        float pa[M], pb[M];
+                        /* x fragments of the word's two k-steps */
+                        uint32_t a[2][4];
 #pragma unroll
-                        for (int m = 0; m < M; m++)
-                                pa[m] = pb[m] = 0.0f;
-                        uint32_t k = kc * 32;
-                        awq_word2<M>(va[i].x, vb[i].x, z, x, ldx, k, pa, pb);
-                        awq_word2<M>(va[i].y, vb[i].y, z, x, ldx, k + 8, pa, pb);
-                        awq_word2<M>(va[i].z, vb[i].z, z, x, ldx, k + 16, pa, pb);
-                        awq_word2<M>(va[i].w, vb[i].w, z, x, ldx, k + 24, pa, pb);
-                        float scale_a = __low2float(sa), scale_b = __low2float(sb);
+                        for (int h = 0; h < 2; h++) {
+                                uint32_t kk = k + 16 * h;
+                                a[h][0] = ra ? __ldg((const uint32_t *) (xa + kk)) : 0u;
+                                a[h][2] = ra ? __ldg((const uint32_t *) (xa + kk + 8)) : 0u;
+                                a[h][1] = rb ? __ldg((const uint32_t *) (xb + kk)) : 0u;
+                                a[h][3] = rb ? __ldg((const uint32_t *) (xb + kk + 8)) : 0u;
+                        }
 #pragma unroll
-                        for (int m = 0; m < M; m++) {
-                                acc_a[m] += scale_a * pa[m];
-                                acc_b[m] += scale_b * pb[m];
+                        for (int j = 0; j < GEMV_NT; j++) {
+                                if (j >= nts)
+                                        break;
+                                __half2 e = cur.e[G128 ? 0 : w][j];
+                                __half2 z = __half2half2(__high2half(e));
+                                __half2 sc = __half2half2(__low2half(e));
+                                uint32_t bf[4];
+                                uint32_t word = w == 0 ? cur.v[j].x : w == 1 ? cur.v[j].y
+                                              : w == 2 ? cur.v[j].z : cur.v[j].w;
+                                awq_frag(word, __hadd2(z, __float2half2_rn(1024.0f)),
+                                        __hneg2(__hadd2(z, __float2half2_rn(64.0f))), sc, bf);
+                                mma16816(c[j], a[0], bf[0], bf[1]);
+                                mma16816(c[j], a[1], bf[2], bf[3]);
                         }
                 }
+                cur = next;
         }
+        /* c[j]: rows g and g + 8, columns 2t and 2t + 1 of tile nt0 + j */
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-                float a = acc_a[m], b = acc_b[m];
-                for (int o = 4; o < 32; o <<= 1) {
-                        a += __shfl_xor_sync(0xffffffffu, a, o);
-                        b += __shfl_xor_sync(0xffffffffu, b, o);
-                }
-                if (lane < 4) {
-                        y[s * slice_stride + (size_t) m * N + na] = a;
-                        y[s * slice_stride + (size_t) m * N + nb] = b;
-                }
+        for (int j = 0; j < GEMV_NT; j++) {
+                if (j >= nts)
+                        break;
+                size_t col = (size_t) (nt0 + j) * 8 + 2 * t;
+                float *ys = y + s * slice_stride;
+                if (ra)
+                        *(float2 *) (ys + (size_t) g * N + col) = make_float2(c[j][0], c[j][1]);
+                if (rb)
+                        *(float2 *) (ys + (size_t) (g + 8) * N + col) = make_float2(c[j][2], c[j][3]);
         }
 }
 
-/* Dense FP16 weights (N, kp): the same scheme, a warp on 4 rows of w, lane l on row l%4
- * and 8 consecutive k per 16-byte load. x is read as float4 when vec (K % 4 == 0), else
- * element by element; k >= K reads as 0 (the weights are zero there too). */
+/* Dense FP16 weights (N, kp): a warp on 4 rows of w, lane l on row l%4 and 8 consecutive k
+ * per 16-byte load, for up to GEMV_ROWS rows of x. x is read 16 bytes at a time when vec
+ * (K % 8 == 0), else element by element; k >= K reads as 0 (the weights are zero there
+ * too). */
+#define DENSE_UNROLL 4
+
 template <int M, bool VEC>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_dense(const __half *__restrict__ w,
-        const float *__restrict__ x, uint32_t ldx, float *__restrict__ y, size_t slice_stride,
+__global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w,
+        const __half *__restrict__ x, uint32_t ldx, float *__restrict__ y, size_t slice_stride,
         uint32_t K, uint32_t kp, uint32_t N, uint32_t splits)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t g = blockIdx.x * GEMV_WARPS + warp;
+        uint32_t g = blockIdx.x * 8 + warp;
         if (4 * g >= N)
                 return;
         uint32_t kc_n = kp / 8, s = blockIdx.y;
@@ -562,44 +597,44 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_dense(const __half *__
         for (int m = 0; m < M; m++)
                 acc[m] = 0.0f;
 
-        for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * GEMV_UNROLL) {
-                uint4 wv[GEMV_UNROLL];
+        for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * DENSE_UNROLL) {
+                uint4 wv[DENSE_UNROLL];
 #pragma unroll
-                for (int i = 0; i < GEMV_UNROLL; i++)
+                for (int i = 0; i < DENSE_UNROLL; i++)
                         if (base + 8 * i < c1)
                                 wv[i] = ld_stream(wp + base + 8 * i);
 #pragma unroll
-                for (int i = 0; i < GEMV_UNROLL; i++) {
+                for (int i = 0; i < DENSE_UNROLL; i++) {
                         uint32_t kc = base + 8 * i;
                         if (kc >= c1)
                                 break;
-                        float wf[8];
+                        float2 wf[4];
                         const uint32_t *u = (const uint32_t *) &wv[i];
 #pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                                float2 f = __half22float2(u32_as_h2(u[j]));
-                                wf[2 * j] = f.x;
-                                wf[2 * j + 1] = f.y;
-                        }
+                        for (int j = 0; j < 4; j++)
+                                wf[j] = __half22float2(u32_as_h2(u[j]));
                         uint32_t k = kc * 8;
 #pragma unroll
                         for (int m = 0; m < M; m++) {
-                                const float *xr = x + (size_t) m * ldx + k;
-                                float xs[8];
-                                if (VEC && k + 8 <= K) {
-                                        float4 a = __ldg((const float4 *) xr);
-                                        float4 b = __ldg((const float4 *) xr + 1);
-                                        xs[0] = a.x, xs[1] = a.y, xs[2] = a.z, xs[3] = a.w;
-                                        xs[4] = b.x, xs[5] = b.y, xs[6] = b.z, xs[7] = b.w;
+                                const __half *xr = x + (size_t) m * ldx + k;
+                                float2 xs[4];
+                                if (VEC) {
+                                        uint4 xv = __ldg((const uint4 *) xr);
+                                        const uint32_t *xu = (const uint32_t *) &xv;
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+                                                xs[j] = __half22float2(u32_as_h2(xu[j]));
                                 } else {
 #pragma unroll
-                                        for (int j = 0; j < 8; j++)
-                                                xs[j] = k + j < K ? __ldg(xr + j) : 0.0f;
+                                        for (int j = 0; j < 4; j++) {
+                                                xs[j].x = k + 2 * j < K ? __half2float(xr[2 * j]) : 0.0f;
+                                                xs[j].y = k + 2 * j + 1 < K ? __half2float(xr[2 * j + 1]) : 0.0f;
+                                        }
                                 }
                                 float p = 0.0f;
 #pragma unroll
-                                for (int j = 0; j < 8; j++)
-                                        p += wf[j] * xs[j];
+                                for (int j = 0; j < 4; j++)
+                                        p += wf[j].x * xs[j].x + wf[j].y * xs[j].y;
                                 acc[m] += p;
                         }
                 }
@@ -616,64 +651,77 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv_dense(const __half *__
 }
 
 template <int M>
-static void gemv_rows(cudaStream_t st, const CuLinear *l, const float *x, uint32_t ldx, float *y,
-        size_t slice_stride)
+static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        float *y, size_t slice_stride)
 {
-        dim3 grid(div_up(div_up(l->out, 4), GEMV_WARPS), l->splits);
-        dim3 grid_awq(div_up(l->out / 8, GEMV_WARPS), l->splits);
-        if (l->awq)
-                k_gemv_awq<M><<<grid_awq, GEMV_WARPS * 32, 0, st>>>(l->qw, l->sz, x, ldx, y,
-                        slice_stride, l->in, l->out, l->group_size, l->splits);
-        else if (l->in % 4 == 0 && ldx % 4 == 0)
-                k_gemv_dense<M, true><<<grid, GEMV_WARPS * 32, 0, st>>>(
+        dim3 grid(div_up(div_up(l->out, 4), 8), l->splits);
+        if (l->in % 8 == 0 && ldx % 8 == 0)
+                k_gemv_dense<M, true><<<grid, 256, 0, st>>>(
                         l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
         else
-                k_gemv_dense<M, false><<<grid, GEMV_WARPS * 32, 0, st>>>(
+                k_gemv_dense<M, false><<<grid, 256, 0, st>>>(
                         l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
 }
 
-void cu_gemv(cudaStream_t st, const CuLinear *l, const float *x, uint32_t ldx, uint32_t rows,
+void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride)
 {
+        if (l->awq) {
+                dim3 grid(div_up(div_up(l->out / 8, GEMV_NT), GEMV_WARPS), l->splits);
+                uint32_t kb_n = div_up(l->in, 128);
+                bool g128 = l->group_size % 128 == 0;
+                auto k = rows > 8 ? (g128 ? k_gemv_awq<true, true> : k_gemv_awq<true, false>)
+                                  : (g128 ? k_gemv_awq<false, true> : k_gemv_awq<false, false>);
+                k<<<grid, GEMV_WARPS * 32, 0, st>>>(l->qw, l->sz, x, ldx, rows, y, slice_stride,
+                        l->in, l->out, l->group_size, kb_n, l->splits);
+                return;
+        }
         switch (rows) {
-        case 1: gemv_rows<1>(st, l, x, ldx, y, slice_stride); break;
-        case 2: gemv_rows<2>(st, l, x, ldx, y, slice_stride); break;
-        case 3: gemv_rows<3>(st, l, x, ldx, y, slice_stride); break;
-        case 4: gemv_rows<4>(st, l, x, ldx, y, slice_stride); break;
-        case 5: gemv_rows<5>(st, l, x, ldx, y, slice_stride); break;
-        case 6: gemv_rows<6>(st, l, x, ldx, y, slice_stride); break;
-        case 7: gemv_rows<7>(st, l, x, ldx, y, slice_stride); break;
-        default: gemv_rows<8>(st, l, x, ldx, y, slice_stride); break;
+        case 1: gemv_dense_rows<1>(st, l, x, ldx, y, slice_stride); break;
+        case 2: gemv_dense_rows<2>(st, l, x, ldx, y, slice_stride); break;
+        case 3: gemv_dense_rows<3>(st, l, x, ldx, y, slice_stride); break;
+        case 4: gemv_dense_rows<4>(st, l, x, ldx, y, slice_stride); break;
+        case 5: gemv_dense_rows<5>(st, l, x, ldx, y, slice_stride); break;
+        case 6: gemv_dense_rows<6>(st, l, x, ldx, y, slice_stride); break;
+        case 7: gemv_dense_rows<7>(st, l, x, ldx, y, slice_stride); break;
+        default: gemv_dense_rows<8>(st, l, x, ldx, y, slice_stride); break;
         }
 }
 
 /* ---------------------------------------------------------------------------------------
  * Load-time repacking, dequantization for the GEMM path, conversions, argmax */
 
-/* One thread per 16-byte unit (g, kc, c): column n = 4g + c, k = 32kc + 8j + e goes to
- * nibble AWQ_REV[e] of word j. */
+/* The k offset within a word of nibble i for lane t (see the GEMV's layout). */
+__device__ __forceinline__ uint32_t frag_k(uint32_t i, uint32_t t)
+{
+        return 2 * t + (i >= 4 ? 1 : 0) + 8 * (i % 4);
+}
+
+/* One thread per 16-byte unit (column tile, k tile, lane) of the part's columns; k >= K
+ * (the last tile's padding, never read) is left 0. */
 __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t K, uint32_t n_off,
         uint4 *qw)
 {
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
-        uint32_t kc_n = K / 32;
-        if (u >= (size_t) n / 4 * kc_n * 4)
+        uint32_t kb_n = (K + 127) / 128;
+        if (u >= (size_t) n / 8 * kb_n * 32)
                 return;
-        uint32_t c = u % 4, kc = (u / 4) % kc_n, g = (uint32_t) (u / 4 / kc_n);
-        uint32_t col = 4 * g + c, words = n / 8;
+        uint32_t lane = u % 32, kb = (u / 32) % kb_n, nt = (uint32_t) (u / 32 / kb_n);
+        uint32_t col = 8 * nt + lane / 4, t = lane % 4, words = n / 8;
         uint32_t shift = 4 * AWQ_REV[col % 8];
         uint32_t out[4];
-        for (uint32_t j = 0; j < 4; j++) {
+        for (uint32_t w = 0; w < 4; w++) {
                 uint32_t word = 0;
-                for (uint32_t e = 0; e < 8; e++) {
-                        uint32_t k = 32 * kc + 8 * j + e;
-                        uint32_t q = (qweight[(size_t) k * words + col / 8] >> shift) & 0xF;
-                        word |= q << (4 * AWQ_REV[e]);
+                for (uint32_t i = 0; i < 8; i++) {
+                        uint32_t k = 128 * kb + 32 * w + frag_k(i, t);
+                        if (k < K)
+                                word |= ((qweight[(size_t) k * words + col / 8] >> shift) & 0xF)
+                                        << (4 * i);
                 }
-                out[j] = word;
+                out[w] = word;
         }
-        size_t g_out = n_off / 4 + g;
-        qw[(g_out * kc_n + kc) * 4 + c] = make_uint4(out[0], out[1], out[2], out[3]);
+        size_t nt_out = n_off / 8 + nt;
+        qw[(nt_out * kb_n + kb) * 32 + lane] = make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 __global__ void k_awq_scales(const uint32_t *qzeros, const __half *scales, uint32_t n,
@@ -690,7 +738,7 @@ __global__ void k_awq_scales(const uint32_t *qzeros, const __half *scales, uint3
 void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
         const uint32_t *qzeros, const __half *scales, uint32_t n, uint32_t n_off)
 {
-        size_t units = (size_t) n / 4 * (l->in / 32) * 4;
+        size_t units = (size_t) n / 8 * div_up(l->in, 128) * 32;
         k_awq_repack<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
                 qweight, n, l->in, n_off, l->qw);
         size_t g = (size_t) (l->in / l->group_size) * n;
@@ -698,34 +746,34 @@ void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
                 qzeros, scales, n, l->in / l->group_size, l->out, n_off, l->sz);
 }
 
-/* One thread per 16-byte unit: 32 weights (q - z) * s of one column, written to w16 (N, K). */
+/* One thread per 16-byte unit: its 32 weights (q - z) * s of one column, to w16 (N, K). */
 __global__ void k_awq_dequant(const uint4 *qw, const __half2 *sz, uint32_t K, uint32_t N,
         uint32_t gs, __half *w16)
 {
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
-        uint32_t kc_n = K / 32;
-        if (u >= (size_t) N / 4 * kc_n * 4)
+        uint32_t kb_n = (K + 127) / 128;
+        if (u >= (size_t) N / 8 * kb_n * 32)
                 return;
-        uint32_t c = u % 4, kc = (u / 4) % kc_n, g = (uint32_t) (u / 4 / kc_n);
-        uint32_t col = 4 * g + c;
+        uint32_t lane = u % 32, kb = (u / 32) % kb_n, nt = (uint32_t) (u / 32 / kb_n);
+        uint32_t col = 8 * nt + lane / 4, t = lane % 4;
         uint4 v = qw[u];
-        __half2 s_z = sz[(size_t) (kc * 32 / gs) * N + col];
-        float s = __low2float(s_z), z = __high2float(s_z);
         const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-        __align__(16) __half out[32];
-        for (uint32_t j = 0; j < 4; j++)
-                for (uint32_t e = 0; e < 8; e++) {
-                        float q = (float) ((words[j] >> (4 * AWQ_REV[e])) & 0xF);
-                        out[8 * j + e] = __float2half((q - z) * s);
+        for (uint32_t w = 0; w < 4; w++) {
+                uint32_t k0 = 128 * kb + 32 * w;
+                if (k0 >= K)
+                        break;
+                __half2 s_z = sz[(size_t) (k0 / gs) * N + col];
+                float s = __low2float(s_z), z = __high2float(s_z);
+                for (uint32_t i = 0; i < 8; i++) {
+                        float q = (float) ((words[w] >> (4 * i)) & 0xF);
+                        w16[(size_t) col * K + k0 + frag_k(i, t)] = __float2half((q - z) * s);
                 }
-        uint4 *dst = (uint4 *) (w16 + (size_t) col * K + 32 * kc);
-        for (uint32_t i = 0; i < 4; i++)
-                dst[i] = ((const uint4 *) out)[i];
+        }
 }
 
 void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
 {
-        size_t units = (size_t) l->out / 4 * (l->in / 32) * 4;
+        size_t units = (size_t) l->out / 8 * div_up(l->in, 128) * 32;
         k_awq_dequant<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
                 l->qw, l->sz, l->in, l->out, l->group_size, w16);
 }

@@ -2,8 +2,9 @@
 /* The CUDA backend's kernels and their launchers, shared by cuda_kernels.cu (which defines
  * them) and cuda_backend.cu (which drives them). C++ linkage: nothing here crosses into C.
  *
- * Activations are float32 between kernels (the residual stream, a linear's input and its
- * partial sums); weights are INT4 (AWQ, repacked at load) or FP16; the KV cache is FP16.
+ * The residual stream, queries and a linear's partial sums are float32; a linear's input
+ * is FP16 (its producer rounds once, as the tensor cores and cuBLAS take it); weights are
+ * INT4 (AWQ, repacked at load) or FP16; the KV cache is FP16.
  * A linear writes float32 partial sums [splits][rows][out] and the kernel that consumes its
  * output adds the slices in a fixed order plus the bias, so no reduction kernel and no
  * atomics: results do not depend on scheduling. */
@@ -13,7 +14,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* Rows one GEMV launch takes; more rows go through in passes of this many. */
+/* Rows one dense GEMV launch takes; more rows go through in passes of this many (the
+ * INT4 GEMV takes up to 16 at once). */
 #define GEMV_ROWS 8
 /* Positions one attention work item covers, one per thread of its block. */
 #define ATT_CHUNK 128
@@ -27,7 +29,7 @@ typedef struct CuLinear {
         uint32_t kp;         /* dense: row stride of w, in padded to a multiple of 8 */
         uint32_t group_size; /* awq */
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
-        uint4 *qw;           /* awq: (N/4, K/32, 4) 16-byte units, see k_awq_repack */
+        uint4 *qw;           /* awq: (N/8, ceil(K/128), 32) 16-byte units, see k_gemv_awq */
         __half2 *sz;         /* awq: (K/group_size, N) (scale, zero) */
         __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
         float *bias;         /* (N) or NULL */
@@ -53,7 +55,7 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
 /* For j < rows, r = out_row ? out_row[j] : j: v = x[r] + sum of part's slices + bias;
  * x[r] = v when write_res; xn[j] = rmsnorm(v) * w. part may be NULL (v = x[r]). */
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
-        size_t slice_stride, const float *bias, const float *w, float *xn, uint32_t rows,
+        size_t slice_stride, const float *bias, const float *w, __half *xn, uint32_t rows,
         uint32_t hidden, float eps, const uint32_t *out_row, bool write_res);
 
 /* Sums the fused q|k|v partials plus bias, rotates q and k (rotate-half), writes q to
@@ -72,16 +74,16 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
 
 /* out (rows, n_heads*head_dim) = the softmax-weighted merge of each row's item partials. */
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
-        uint32_t rows, uint32_t n_heads, uint32_t head_dim, float *out);
+        uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out);
 
 /* out (rows, inter) = silu(gate) * up, gate and up being the two halves of the fused
  * gate|up partials plus bias. */
 void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t rows, uint32_t inter, float *out);
+        const float *bias, uint32_t rows, uint32_t inter, __half *out);
 
-/* y[s] (rows, N) = slice s of x (rows, K; row stride ldx) · W, for rows <= GEMV_ROWS;
- * slices are slice_stride floats apart. */
-void cu_gemv(cudaStream_t st, const CuLinear *l, const float *x, uint32_t ldx, uint32_t rows,
+/* y[s] (rows, N) = slice s of x (rows, K; row stride ldx, even) · W, for rows <= 16 (AWQ)
+ * or GEMV_ROWS (dense); slices are slice_stride floats apart. */
+void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride);
 
 /* w16 (N, K) = the dequantized AWQ weight, FP16. */
