@@ -4,10 +4,8 @@
 
 #include "cuda_kernels.cuh"
 
-/* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md). Our
- * repacked words put k-element e at the same nibble AWQ_REV[e], which makes the pairs
- * (e, e+1) = (0,1), (2,3), (4,5), (6,7) come out of one mask each as the two halves of a
- * half2 (the FasterTransformer "interleaved" order). */
+/* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
+ * repack reads the checkpoint through it (the GEMV's own nibble order is frag_k). */
 __constant__ uint32_t AWQ_REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 static inline uint32_t div_up(uint32_t a, uint32_t b)
