@@ -139,6 +139,7 @@ def main():
                     break
                 time.sleep(0.05)
             run(hp, want)
+            bench(hp, tmp)
         finally:
             d.terminate()
             out = d.communicate(timeout=30)[0].decode(errors="replace")
@@ -286,6 +287,22 @@ def run(hp, want):
                                                               "max_tokens": 40,
                                                               "temperature": 0})
     check(json.loads(body)["choices"][0]["text"] == want, "still serving after hostile input")
+
+
+def bench(hp, tmp):
+    """dsbench --http: its client reads the streams and the publish times dsd_timing adds."""
+    out = os.path.join(tmp, "bench.json")
+    subprocess.run([sys.argv[1], "--http", hp, "--api-key", TOKEN, "--clients", "2",
+                    "--concurrency", "1", "--requests", "3", "--max-tokens", "16",
+                    "--rtt-rounds", "100", "--json", out], check=True, timeout=120,
+                   stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        j = json.load(f)
+    lat = j["latency"]
+    check(j["transport"] == "http" and j["requests"] == 6 and j["errors"] == 0
+          and 0 < j["generated_tokens"] <= 6 * 16, f"dsbench --http: {j['requests']} requests")
+    check(lat["delivery"]["n"] >= 6 and 0 < lat["delivery"]["p50_us"] < 1e6
+          and lat["ttft"]["n"] == 6, f"dsbench --http delivery latency {lat['delivery']}")
 
 
 def raw_request(path, body, url="/v1/completions"):

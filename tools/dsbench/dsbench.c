@@ -609,7 +609,8 @@ static double pct(const Vec *x, double p)
 
 static void print_dist(FILE *f, const char *name, Vec *x, bool json, bool last)
 {
-        qsort(x->v, x->n, sizeof(double), cmp_double);
+        if (x->n) /* an empty one has no array: qsort must not see NULL */
+                qsort(x->v, x->n, sizeof(double), cmp_double);
         if (json)
                 fprintf(f,
                         "    \"%s\": {\"n\": %zu, \"p50_us\": %.1f, \"p90_us\": %.1f, "
