@@ -1090,7 +1090,8 @@ static void handle_cqe(Server *s, IoOp *op, int res, unsigned flags)
                 return;
         case IO_NOTIFY:
                 s->events_ready = true;
-                if (res != -ECANCELED && !s->stopping && arm_notify(s) < 0)
+                /* A stop's drain still delivers the engine's events. */
+                if (res != -ECANCELED && (!s->stopping || s->stop_drain) && arm_notify(s) < 0)
                         log_error("Failed to re-arm the engine notification: no submission "
                                   "entry");
                 return;
@@ -1297,9 +1298,9 @@ int server_new(int notify_fd, const ServerOptions *o, const ServerHooks *hooks, 
                 s->listen_fd = r;
         }
 
-        r = arm_accept(s);
-        if (r >= 0)
-                r = arm_signal(s);
+        /* Accepting waits for a model (server_set_engine()) or server_accept(): until then
+         * connections wait in the listen backlog for their welcome. */
+        r = arm_signal(s);
         if (r >= 0)
                 r = arm_notify(s);
         if (r < 0)
@@ -1332,7 +1333,14 @@ int server_set_engine(Server *s, Engine *e, EngineLoop *loop, const char *model_
                 return r;
         }
         http_listener_set_draining(s->http, s->draining);
+        server_accept(s);
         return 0;
+}
+
+void server_accept(Server *s)
+{
+        if (!s->op_accept.armed && !s->stopping && arm_accept(s) < 0)
+                log_error("Failed to arm accept: no submission entry");
 }
 
 Engine *server_engine(Server *s)

@@ -83,6 +83,11 @@ int server_new(int notify_fd, const ServerOptions *o, const ServerHooks *hooks, 
  * while an earlier one still retires. Another failure (the HTTP listener could not be set
  * up for it) leaves e serving the native clients and fills err. */
 int server_set_engine(Server *s, Engine *e, EngineLoop *loop, const char *model_dir, DsError *err);
+/* Starts accepting connections without a model (state no-model); the first
+ * server_set_engine() does it otherwise. Until then clients wait in the listen backlog, so
+ * they connect while the model loads and are welcomed once it serves. */
+void server_accept(Server *s);
+
 /* The engine new requests go to, NULL for none; its context length (0 for none). */
 Engine *server_engine(Server *s);
 uint32_t server_context_length(Server *s);

@@ -264,6 +264,8 @@ static void load_finish(Service *sv)
                 engine_free(TAKE_PTR(l->engine));
                 log_error("Failed to load '%s': %s%s", l->cfg.model, l->err.msg,
                         sv->model[0] ? "; the previous model keeps serving" : "");
+                if (!sv->initial)
+                        server_accept(sv->srv); /* state failed: clients learn why */
                 if (!sv->model[0])
                         sv->failed = true;
                 if (sv->bus)
@@ -689,6 +691,7 @@ int service_run(const ServiceOptions *o, const DsdConfig *c)
                 }
         } else {
                 log_notice("No model configured: state no-model until 'dsctl reload MODEL'");
+                server_accept(sv->srv);
                 (void) ready("no model configured; waiting for a reload");
         }
         state_changed(sv);

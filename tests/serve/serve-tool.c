@@ -3,7 +3,9 @@
  *   info SOCK                       prints ds_server_info's counters as JSON
  *   connect SOCK                    connects; prints the code and the daemon's message
  *   stream SOCK TEXT MAXTOK DELAYMS greedy request; "started" on stderr at the first
- *                                   token; the text on stdout; DELAYMS between reads
+ *                                   token; the text on stdout; DELAYMS between reads;
+ *                                   at the end "final FINISH" or "error CODE MESSAGE"
+ *                                   on stderr
  *   noread SOCK N MAXTOK            submits N requests, prints "submitted", reads nothing
  *                                   until a line arrives on stdin, then everything;
  *                                   prints the errors as JSON
@@ -106,6 +108,12 @@ static int cmd_stream(const char *sock, const char *text, uint32_t max_tokens, i
                 if (delay_ms)
                         usleep((useconds_t) delay_ms * 1000);
         }
+        if (r > 0 && ev.type == DS_EVENT_FINAL)
+                fprintf(stderr, "final %u\n", ev.finish);
+        else if (r > 0 && ev.type == DS_EVENT_ERROR)
+                fprintf(stderr, "error %d %s\n", ev.error, ev.message);
+        else
+                fprintf(stderr, "failed %d\n", r);
         ds_close(c);
         return r > 0 && ev.type == DS_EVENT_FINAL ? 0 : 1;
 }

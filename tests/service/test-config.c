@@ -34,6 +34,7 @@ static const char *const leaf_keys[] = {
         "socket.allowed_gids",
         "log_level",
         "bus",
+        "stop_timeout_sec",
 };
 
 static int parse(const char *json, DsdConfig *c, DsError *err)
@@ -246,7 +247,9 @@ static void test_structure(void)
         expect_fail("{\n\t\"limits\": {\"max_bach\": 1}}",
                 "t.json:2:13: field 'limits.max_bach' is not a known field", NULL);
         expect_fail("{\"limits.max_batch\": 4}", "field 'limits.max_batch' is not a known", NULL);
-        expect_fail("{\"http\": {}}", "field 'http' is not a known field", NULL);
+        /* "http" is daemon/http's object: only its type is checked here. */
+        expect_fail("{\"http\": 1}", "field 'http'", "an object");
+        expect_fail("{\"htp\": {}}", "field 'htp' is not a known field", NULL);
         expect_fail("{\"limits\": 3}", "t.json:1:2: field 'limits' must be an object", "got 3");
         expect_fail("{\"socket\": []}", "field 'socket' must be an object", NULL);
         expect_fail("{\"device\": 1,\n \"device\": 2}",
