@@ -210,6 +210,19 @@ def main(tmp, model_a):
         check("previous model finished its last request" in d.text(),
               "the old engine was not freed once empty")
 
+        # --- dsctl chat on the new model: two turns, Ctrl-C cancels an answer, not the
+        # program, EOF exits 0.
+        chat = start([DSCTL, "chat", "--socket", sock, "--max-tokens", "400"],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        chat.stdin.write(b"Hello there\n")
+        chat.stdin.flush()
+        if select.select([chat.stdout], [], [], 60)[0]:
+            chat.send_signal(signal.SIGINT)
+        out, err = chat.communicate(b"And again\n", timeout=120)
+        check(chat.returncode == 0 and out.count(b"\n") >= 2,
+              f"dsctl chat: rc={chat.returncode} out={out[-300:]!r} err={err!r}")
+        print(f"dsctl chat: {len(out)} bytes, cancelled: {b'[cancelled]' in out}")
+
         # --- 3b: the same bad configs through Reload leave the new model serving.
         for what, (fields, name) in bad.items():
             write_config(cfg, **fields)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bus_commands.h"
+#include "chat.h"
 #include "generate.h"
 
 static const struct {
@@ -15,6 +16,8 @@ static const struct {
         {"generate", dsctl_generate_main,
                 "[--socket PATH] [--chat] [--max-tokens N] [--temperature T] [--seed S] TEXT\n"
                 "        Stream the daemon's answer to TEXT to stdout."},
+        {"chat", dsctl_chat_main, "[--socket PATH] [--system TEXT] [--max-tokens N]\n"
+                "        Chat on the terminal; Ctrl-C cancels an answer, Ctrl-D exits."},
 #if HAVE_BUS_COMMANDS
         { "status", dsctl_bus_main, "[--system|--user] [--json]\n"
                 "        Show the daemon's state, model, backend and load (D-Bus)." },
