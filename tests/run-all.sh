@@ -3,6 +3,8 @@
 #  1. a gcc build with -Werror, every suite but gpu and bench;
 #  2. the same suites under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. the fuzz harnesses as real libFuzzer binaries (clang), for a bounded time each.
+#  4. the .deb and .rpm packages (CPU backend), built and their listings checked, plus
+#     systemd-analyze verify of the units (tests/service/test-packaging.sh).
 # Build directories live under build-test/ so they never disturb a developer's build/.
 set -eu
 cd "$(dirname "$0")/.."
@@ -34,10 +36,18 @@ CC=clang meson setup build-test/fuzz --wipe -Dcuda=disabled -Dfuzzing=true \
 ninja -C build-test/fuzz -j "$jobs"
 meson test -C build-test/fuzz --suite fuzz --num-processes "$jobs" --print-errorlogs
 
-# One closing line over all three runs, in the plain form CI tools read.
-python3 - build-test/release build-test/asan build-test/fuzz <<'PY'
+step "packages: .deb and .rpm without CUDA"
+pkg_status=0
+packaging/build-packages.sh --cuda=disabled build-test/packages || pkg_status=1
+
+# One closing line over all three runs and the packages, in the plain form CI tools read.
+python3 - "$pkg_status" build-test/release build-test/asan build-test/fuzz <<'PY'
 import json, sys
 passed = failed = skipped = 0
+if sys.argv.pop(1) == "0":
+    passed += 1
+else:
+    failed += 1
 for d in sys.argv[1:]:
     for line in open(d + "/meson-logs/testlog.json", encoding="utf-8"):
         r = json.loads(line)["result"]
