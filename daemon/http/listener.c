@@ -827,7 +827,8 @@ static void route(HttpConn *c, const HttpRequest *hr)
         c->keep_alive = hr->keep_alive && !h->stopping;
         c->head_only = hr->method == HTTP_HEAD;
         if (strcmp(p, "/health") == 0 && get) {
-                if (h->stopping)
+                /* Load balancers steer away from a drained daemon as from a stopping one. */
+                if (h->stopping || h->draining)
                         return respond(c, 503, "application/json", "{\"status\":\"draining\"}",
                                 22, "Retry-After: 1\r\n");
                 return respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
