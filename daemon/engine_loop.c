@@ -50,7 +50,7 @@ struct EngineLoop {
         uint32_t out_cap;
         uint64_t out_head, out_tail;
         bool stopping, drain;
-        uint64_t watchdog_usec;      /* ping interval, 0 for none */
+        uint64_t watchdog_usec; /* ping interval, 0 for none */
         EngineLoopPing watchdog_fn;
         uint64_t watchdog_last_usec; /* the engine thread's */
         uint64_t stall_at_usec;      /* test-only fault injection, 0 for none */
@@ -205,8 +205,8 @@ static void loop_wait(EngineLoop *l)
                 return;
         }
         at = l->watchdog_last_usec + l->watchdog_usec;
-        ts = (struct timespec){.tv_sec = (time_t) (at / 1000000),
-                .tv_nsec = (long) (at % 1000000) * 1000};
+        ts = (struct timespec){
+                .tv_sec = (time_t) (at / 1000000), .tv_nsec = (long) (at % 1000000) * 1000};
         (void) pthread_cond_timedwait(&l->wake, &l->lock, &ts);
         loop_watchdog(l);
 }

@@ -32,8 +32,7 @@ int notify_listen_fd(const char *path, DsError *err)
         int n = sd_listen_fds(true);
 
         if (n < 0)
-                return ds_error(err, n, "cannot read the sockets systemd passed: %s",
-                        strerror(-n));
+                return ds_error(err, n, "cannot read the sockets systemd passed: %s", strerror(-n));
         if (n == 0)
                 return -ENOENT;
         if (n > 1)

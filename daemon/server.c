@@ -31,15 +31,15 @@
 
 struct Server {
         struct io_uring ring;
-        Engine *engine;      /* the current model, NULL for none; owned */
-        EngineLoop *loop;    /* its loop: new requests go here; owned */
-        Engine *old_engine;  /* retiring after a reload: finishes its requests; owned */
+        Engine *engine;     /* the current model, NULL for none; owned */
+        EngineLoop *loop;   /* its loop: new requests go here; owned */
+        Engine *old_engine; /* retiring after a reload: finishes its requests; owned */
         EngineLoop *old_loop;
         ServerOptions opt;
         ServerHooks hooks;
         IoOp op_watch[SERVER_WATCH_MAX];
         int watch_fd[SERVER_WATCH_MAX];
-        bool draining; /* dsctl drain */
+        bool draining;                   /* dsctl drain */
         struct ds_wire_layout layout;    /* every ring-mode segment's */
         struct ds_wire_server_info info; /* every welcome's */
 
@@ -58,10 +58,10 @@ struct Server {
         uint64_t next_request_id;
         uint64_t violations; /* clients disconnected for breaking the protocol */
 
-        bool ring_ready; /* io_uring_queue_init() succeeded */
+        bool ring_ready;       /* io_uring_queue_init() succeeded */
         bool listen_inherited; /* systemd's socket: never unlinked by us */
-        bool stopping;   /* no new connections or requests; nothing is re-armed */
-        bool stop_drain; /* stopping, and requests in flight may still finish */
+        bool stopping;         /* no new connections or requests; nothing is re-armed */
+        bool stop_drain;       /* stopping, and requests in flight may still finish */
         uint64_t stop_usec;
         /* Recent latencies (GetStats), rings of SERVER_LATENCY_SAMPLES. */
         uint64_t ttft_usec[SERVER_LATENCY_SAMPLES];
@@ -207,8 +207,7 @@ static void loops_cancel_client(Server *s, uint32_t key)
 
         for (size_t i = 0; i < ELEMENTSOF(loops); i++)
                 if (loops[i] && engine_loop_cancel_client(loops[i], key) < 0)
-                        log_error("Failed to cancel the requests of client %u: out of memory",
-                                key);
+                        log_error("Failed to cancel the requests of client %u: out of memory", key);
 }
 
 static void loops_resume_client(Server *s, uint32_t key)
@@ -842,8 +841,7 @@ static void deliver(Server *s, const SchedEvent *ev)
         } else if (ev->type == SCHED_EV_FINAL) {
                 if (ev->usage.generated_tokens > 0)
                         s->ttft_usec[s->n_ttft++ % SERVER_LATENCY_SAMPLES] = ev->usage.ttft_usec;
-                c->tokens_total += (uint64_t) ev->usage.prompt_tokens +
-                                   ev->usage.generated_tokens;
+                c->tokens_total += (uint64_t) ev->usage.prompt_tokens + ev->usage.generated_tokens;
         }
         if (c->state != SESSION_CLOSED && !q->answered) {
                 switch (ev->type) {
@@ -1082,8 +1080,8 @@ static void handle_cqe(Server *s, IoOp *op, int res, unsigned flags)
                                 if (s->hooks.reload)
                                         s->hooks.reload(s->hooks.userdata);
                         } else
-                                begin_stop(s, s->siginfo.ssi_signo == SIGINT ? "SIGINT"
-                                                                              : "SIGTERM");
+                                begin_stop(
+                                        s, s->siginfo.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
                 }
                 if (res != -ECANCELED && !s->stopping && arm_signal(s) < 0)
                         log_error("Failed to re-arm the signalfd: no submission entry");
@@ -1242,8 +1240,8 @@ static void info_update(Server *s, const char *model_dir)
         s->info.kv_block_tokens = s->engine->block_tokens;
 }
 
-int server_new(int notify_fd, const ServerOptions *o, const ServerHooks *hooks, Server **ret,
-        DsError *err)
+int server_new(
+        int notify_fd, const ServerOptions *o, const ServerHooks *hooks, Server **ret, DsError *err)
 {
         _cleanup_(server_freep) Server *s = NULL;
         sigset_t mask;

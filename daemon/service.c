@@ -25,7 +25,7 @@
 
 /* One model load on the loader thread. */
 typedef struct Load {
-        DsdConfig cfg;      /* the configuration the new model is served under */
+        DsdConfig cfg; /* the configuration the new model is served under */
         EngineOptions eo;
         char device[16];
         Engine *engine; /* the result */
@@ -56,8 +56,8 @@ typedef struct Service {
         uint64_t watchdog_last_usec; /* the I/O thread's pings, while no engine runs */
 
         pthread_t loader;
-        bool loading;          /* the loader thread runs or waits to be joined */
-        bool drain_then_load;  /* memory cannot hold both: waiting for idle first */
+        bool loading;         /* the loader thread runs or waits to be joined */
+        bool drain_then_load; /* memory cannot hold both: waiting for idle first */
         Load *load;
 } Service;
 
@@ -254,8 +254,8 @@ static void load_finish(Service *sv)
                         TAKE_PTR(loop);
                         TAKE_PTR(l->engine);
                         if (r < 0)
-                                log_error("The HTTP listener does not serve '%s': %s",
-                                        l->cfg.model, err.msg);
+                                log_error("The HTTP listener does not serve '%s': %s", l->cfg.model,
+                                        err.msg);
                         r = 0;
                 }
         }
@@ -274,8 +274,7 @@ static void load_finish(Service *sv)
                         sv->exit_status = EXIT_FAILURE;
                         (void) raise(SIGTERM); /* blocked: the server's signalfd reads it */
                 } else if (sv->model[0])
-                        (void) ready("serving %s; the reload failed: %s", sv->model,
-                                l->err.msg);
+                        (void) ready("serving %s; the reload failed: %s", sv->model, l->err.msg);
                 else
                         (void) ready("failed: %s", l->err.msg);
                 sv->initial = false;

@@ -22,7 +22,7 @@ typedef struct ServiceOptions {
         const char *config_path; /* NULL: no file, defaults and flags only */
         const ConfigOverride *overrides;
         size_t n_overrides;
-        uint32_t threads;    /* CPU backend threads */
+        uint32_t threads; /* CPU backend threads */
         /* Explicit KV budget (--kv-bytes). 0: kv_memory_fraction of the budget with a
          * configuration file, one full context without one. */
         uint64_t kv_bytes;

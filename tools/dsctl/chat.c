@@ -87,8 +87,8 @@ static void help(void)
 
 /* Streams one answer into *ret (owned by the caller). 0 done or cancelled, < 0 when the
  * connection failed; a refused request prints its reason and returns 0 without text. */
-static int answer(ds_client *c, const Conversation *v, uint32_t max_tokens, ds_event *ev,
-        char **ret)
+static int answer(
+        ds_client *c, const Conversation *v, uint32_t max_tokens, ds_event *ev, char **ret)
 {
         ds_request req;
         char *text = NULL;
@@ -181,8 +181,9 @@ int dsctl_chat_main(int argc, char **argv)
                         max_tokens = strtoul(optarg, &end, 10);
                         if (errno || end == optarg || *end || optarg[0] == '-' ||
                                 max_tokens > UINT32_MAX) {
-                                fprintf(stderr, "dsctl chat: --max-tokens wants an integer, "
-                                                "not '%s'\n",
+                                fprintf(stderr,
+                                        "dsctl chat: --max-tokens wants an integer, "
+                                        "not '%s'\n",
                                         optarg);
                                 return EXIT_USAGE;
                         }
