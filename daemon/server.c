@@ -610,6 +610,11 @@ static void client_hello(Server *s, Session *c, const uint8_t *frame)
         }
         if (s->stopping)
                 return client_refuse(s, c, DS_WIRE_ERR_SHUTTING_DOWN, "refused: stopping");
+        /* The welcome describes the model; without one the client learns why it cannot
+         * be served instead. */
+        if (!s->engine)
+                return client_refuse(s, c, DS_WIRE_ERR_NO_MODEL,
+                        "refused: no model is loaded; 'dsctl reload MODEL' loads one");
         memcpy(c->name, h.name, sizeof(c->name));
         c->name[sizeof(c->name) - 1] = 0;
 

@@ -79,7 +79,7 @@ expect() { # LISTING PATH...
         done
 }
 for deb in "$out"/*.deb; do
-        dpkg-deb --contents "$deb" | awk '{print $NF}' | sed 's,^\.,,' >"$deb.list"
+        dpkg-deb --contents "$deb" | awk '{print $6}' | sed 's,^\.,,' >"$deb.list"
 done
 expect "$(ls "$out"/dsd_*.deb).list" /usr/bin/dsd /usr/bin/dsctl /etc/dsd/dsd.json \
         /lib/systemd/system/dsd.service /lib/systemd/system/dsd.socket \

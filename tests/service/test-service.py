@@ -284,6 +284,34 @@ def main(tmp, model_a):
             d.proc.wait()
 
     notify_protocol(tmp, model_a, good)
+    socket_activation(tmp, good)
+
+
+def socket_activation(tmp, good):
+    """dsd takes its socket from systemd (sd_listen_fds) and, with no model, refuses
+    connections with the reason."""
+    if not shutil.which("systemd-socket-activate"):
+        print("SKIP (socket activation): systemd-socket-activate is not installed")
+        return
+    sa_sock = os.path.join(tmp, "sa.sock")
+    cfg = os.path.join(tmp, "sa.json")
+    fields = dict(good, bus="none", socket=dict(path=sa_sock, mode="0666"))
+    del fields["model"]
+    write_config(cfg, **fields)
+    log = open(os.path.join(tmp, "sa.log"), "wb")
+    p = start(["systemd-socket-activate", "-l", sa_sock, DSD, "--config", cfg],
+              stderr=log, stdout=log)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sa_sock) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = subprocess.run([TOOL, "connect", sa_sock], capture_output=True, text=True, timeout=60)
+    check(r.stdout.startswith("-8205 ") and "no model" in r.stdout,
+          f"no-model refusal through the inherited socket: {r.stdout!r} {r.stderr!r}")
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(60)
+    log.close()
+    text = open(os.path.join(tmp, "sa.log"), encoding="utf-8", errors="replace").read()
+    check("(from systemd)" in text and rc == 0, f"socket activation: rc={rc}\n{text}")
 
 
 def notify_protocol(tmp, model_a, good):
