@@ -38,7 +38,6 @@ struct Server {
         ServerOptions opt;
         ServerHooks hooks;
         IoOp op_watch[SERVER_WATCH_MAX];
-        int watch_fd[SERVER_WATCH_MAX];
         bool draining;                   /* dsctl drain */
         struct ds_wire_layout layout;    /* every ring-mode segment's */
         struct ds_wire_server_info info; /* every welcome's */
@@ -1264,10 +1263,8 @@ int server_new(
         s->op_signal = (IoOp){.kind = IO_SIGNAL};
         s->op_notify = (IoOp){.kind = IO_NOTIFY};
         s->op_cancel = (IoOp){.kind = IO_CANCEL};
-        for (unsigned i = 0; i < SERVER_WATCH_MAX; i++) {
+        for (unsigned i = 0; i < SERVER_WATCH_MAX; i++)
                 s->op_watch[i] = (IoOp){.kind = IO_WATCH};
-                s->watch_fd[i] = -EBADF;
-        }
 
         r = wire_layout_init(o->sub_slots, o->cpl_slots, o->data_size, &s->layout);
         if (r < 0)
@@ -1388,12 +1385,11 @@ void server_watch(Server *s, unsigned idx, int fd, int events)
         struct io_uring_sqe *sqe;
         IoOp *op = &s->op_watch[idx];
 
-        if (fd < 0 || op->armed || (s->stopping && !s->ring_ready))
+        if (fd < 0 || op->armed)
                 return;
         sqe = get_sqe(s);
         if (!sqe)
                 return; /* tried again at the next pass */
-        s->watch_fd[idx] = fd;
         io_uring_prep_poll_add(sqe, fd, (unsigned) events);
         arm(s, op, sqe);
 }
