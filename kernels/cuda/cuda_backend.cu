@@ -428,8 +428,8 @@ static int model_check(const BkModel *m, DsError *err)
                 c->vocab_sample > c->vocab_size || c->max_positions == 0 || !m->layers ||
                 !m->embed.data || !m->final_norm.data)
                 return ds_error(err, -DS_ERR_FORMAT, "inconsistent model dimensions");
-        /* The attention kernel reads keys 16 bytes at a time and gives each of its
-         * ATT_CHUNK threads a pair of value dimensions. */
+        /* The attention kernel reads keys 16 bytes at a time (at most 32 lanes a key) and
+         * values 8 bytes at a time (at most 64 lanes a row). */
         if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->hidden > 8192 ||
                 c->head_dim % 8 != 0 || c->head_dim > 2 * ATT_CHUNK)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
@@ -678,14 +678,16 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
 typedef struct Plan {
         uint32_t rows, n_out, n_items, n_bt;
+        uint32_t n_seqs;    /* sequences in the step (att_chunk) */
         int32_t seq_bt_seq; /* the last sequence whose block table is in the tile */
         uint32_t seq_bt_at; /* ... at this offset from meta */
 } Plan;
 
-static Plan plan_new(void)
+static Plan plan_new(uint32_t n_seqs)
 {
         Plan p;
         memset(&p, 0, sizeof(p));
+        p.n_seqs = n_seqs;
         p.seq_bt_seq = -1;
         return p;
 }
@@ -701,10 +703,31 @@ static uint32_t seq_blocks(const Backend *b, const BkSeq *s)
 }
 
 /* True when row (seq i, position pos) fits in the tile as planned so far. */
+/* Positions per attention item of a row at pos of s, in a step of n_seqs sequences. In a
+ * step of at most ATT_SMALL_STEP sequences, a decode row (its sequence brings one token)
+ * is cut into items of 16..ATT_CHUNK positions, at most 64 items a row up to 8192
+ * positions, so that a few sequences at a short context still spread over the SMs; other
+ * rows take ATT_CHUNK (a larger batch fills the SMs anyway, and an item's chain of
+ * dependent loads costs about the same at 16 positions as at 128). The partition, hence
+ * a row's float rounding, depends on the row and the step's sequence count only: graphs
+ * and eager steps of the same sequences agree, but a sequence decoded with more than
+ * ATT_SMALL_STEP others may round differently than alone. */
+#define ATT_SMALL_STEP 8u
+
+static uint32_t att_chunk(const BkSeq *s, uint32_t pos, uint32_t n_seqs)
+{
+        if (s->n_tokens != 1 || n_seqs > ATT_SMALL_STEP)
+                return ATT_CHUNK;
+        uint32_t c = 16, want = div_up(pos + 1, 64);
+        while (c < want && c < ATT_CHUNK)
+                c *= 2;
+        return c;
+}
+
 static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32_t i, uint32_t pos,
         bool logits)
 {
-        uint32_t items = div_up(pos + 1, ATT_CHUNK);
+        uint32_t items = div_up(pos + 1, att_chunk(&seqs[i], pos, p->n_seqs));
         uint32_t bt = p->seq_bt_seq == (int32_t) i ? 0 : seq_blocks(b, &seqs[i]);
         return p->rows < TILE_ROWS && p->n_items + items <= TILE_ITEMS &&
                p->n_bt + bt <= TILE_BT && (!logits || p->n_out < TILE_OUT);
@@ -730,14 +753,14 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
         meta_arr(b, 1)[r] = pos;
         meta_arr(b, 2)[r] = s->blocks[pos / b->block_tokens] * b->block_tokens + pos % b->block_tokens;
         meta_arr(b, 3)[r] = p->seq_bt_at; /* relative for now, see plan_finish */
-        uint32_t items = div_up(pos + 1, ATT_CHUNK);
+        uint32_t chunk = att_chunk(s, pos, p->n_seqs), items = div_up(pos + 1, chunk);
         meta_arr(b, 4)[2 * r] = p->n_items;
         meta_arr(b, 4)[2 * r + 1] = items;
         for (uint32_t k = 0; k < items; k++) {
                 uint32_t *it = dyn + 4 * (size_t) (p->n_items + k);
                 it[0] = r;
-                it[1] = k * ATT_CHUNK;
-                it[2] = MIN((k + 1) * ATT_CHUNK, pos + 1);
+                it[1] = k * chunk;
+                it[2] = MIN((k + 1) * chunk, pos + 1);
                 it[3] = 0;
         }
         p->n_items += items;
@@ -847,7 +870,7 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
         for (uint32_t i = 0; i < n; i++) {
                 if (seqs[i].n_tokens != 1 || !seqs[i].sample || seqs[i].logits)
                         return false;
-                items += div_up(seqs[i].pos + 1, ATT_CHUNK);
+                items += div_up(seqs[i].pos + 1, att_chunk(&seqs[i], seqs[i].pos, n));
                 bt += seq_blocks(b, &seqs[i]);
         }
         uint32_t bucket = 1;
@@ -863,7 +886,7 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
                 bucket *= 2;
                 which++;
         }
-        Plan p = plan_new();
+        Plan p = plan_new(n);
         for (uint32_t i = 0; i < n; i++)
                 plan_row(b, &p, seqs, i, seqs[i].pos, seqs[i].tokens[0], true);
 
@@ -896,8 +919,12 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
                 cudaGraph_t g;
                 CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal),
                         "graph capture");
-                /* Blocks along items: the kernel loops, so any count gives the same result. */
-                forward(b, bucket, bucket, (uint32_t) b->n_sm * 2);
+                /* Blocks along items: the kernel loops, so any count gives the same result.
+                 * A decode row in a small step has at most 64 items up to 8192 positions
+                 * (att_chunk), so one block per item there: an item is a chain of
+                 * dependent loads, and a block looping over items waits on each in turn. */
+                forward(b, bucket, bucket,
+                        bucket <= ATT_SMALL_STEP ? bucket * 64u : (uint32_t) b->n_sm * 2);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 if (r < 0) {
@@ -1043,7 +1070,8 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
                 return ds_error(err, -EINVAL,
                         "cuda backend: sequence %u: %u KV blocks cover less than %llu positions",
                         i, seq->n_blocks, (unsigned long long) end);
-        if (need > TILE_BT || div_up((uint32_t) end, ATT_CHUNK) > TILE_ITEMS)
+        if (need > TILE_BT ||
+                div_up((uint32_t) end, att_chunk(seq, (uint32_t) end - 1, 1)) > TILE_ITEMS)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "cuda backend: sequence %u: context of %llu positions is too long", i,
                         (unsigned long long) end);
@@ -1078,7 +1106,7 @@ static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *re
                 return run_graph(b, seqs, n_seqs, ret_ids, err);
 
         /* Deal the step's tokens into tiles, in sequence order, and run each. */
-        Plan p = plan_new();
+        Plan p = plan_new(n_seqs);
         for (uint32_t i = 0; i < n_seqs; i++)
                 for (uint32_t t = 0; t < seqs[i].n_tokens; t++) {
                         bool last = t == seqs[i].n_tokens - 1;
@@ -1088,7 +1116,7 @@ static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *re
                                 r = run_tile(b, &p, seqs, ret_ids, err);
                                 if (r < 0)
                                         return r;
-                                p = plan_new();
+                                p = plan_new(n_seqs);
                         }
                         plan_row(b, &p, seqs, i, pos, seqs[i].tokens[t], logits);
                 }

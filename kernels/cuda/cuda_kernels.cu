@@ -2,7 +2,11 @@
 /* The CUDA backend's kernels, in the order one layer runs them (see cuda_kernels.cuh). */
 #include <float.h>
 
+#include <cooperative_groups.h>
+
 #include "cuda_kernels.cuh"
+
+namespace cg = cooperative_groups;
 
 /* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
  * repack reads the checkpoint through it (the GEMV's own nibble order is frag_k). */
@@ -18,6 +22,11 @@ __device__ __forceinline__ float warp_sum(float v)
         for (int o = 16; o > 0; o >>= 1)
                 v += __shfl_xor_sync(0xffffffffu, v, o);
         return v;
+}
+
+__device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
+{
+        return *reinterpret_cast<__half2 *>(&u);
 }
 
 __device__ __forceinline__ float warp_max(float v)
@@ -61,20 +70,28 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
         k_embed<<<rows, 256, 0, st>>>(embed, meta.tokens, hidden, x);
 }
 
-/* One block of ADD_NORM_THREADS per output row; thread t owns elements t + j * blockDim
- * (j < ADD_NORM_PER), kept in registers. The partial slices are read slice by slice for all
- * of a thread's elements at once, so the loads of one slice are in flight together and the
- * sum keeps the fixed order s = 0, 1, ... (hidden <= ADD_NORM_THREADS * ADD_NORM_PER). */
-#define ADD_NORM_THREADS 1024
-#define ADD_NORM_PER     8
+/* One cluster of ADD_NORM_CTAS blocks of ADD_NORM_THREADS per output row: block c of the
+ * cluster owns elements [c * chunk, (c + 1) * chunk) of the row, thread t elements c * chunk
+ * + t + e * ADD_NORM_THREADS (e < ADD_NORM_PER), kept in registers. The partial slices are
+ * read slice by slice for all of a thread's elements at once, so the loads of one slice are
+ * in flight together and the sum keeps the fixed order s = 0, 1, ... The blocks' sums of
+ * squares meet through distributed shared memory, each block adding them in rank order
+ * (hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER). */
+#define ADD_NORM_CTAS    8
+#define ADD_NORM_THREADS 256
+#define ADD_NORM_PER     4
 
-__global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
-        const float *__restrict__ part, uint32_t splits, size_t slice_stride,
-        const float *__restrict__ bias, const float *__restrict__ w, __half *xn, uint32_t hidden,
-        float eps, const uint32_t *out_row, bool write_res)
+__global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
+        k_add_norm(float *x, const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+                const float *__restrict__ bias, const float *__restrict__ w, __half *xn,
+                uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
         __shared__ float red[32];
-        uint32_t j = blockIdx.x, r = out_row ? out_row[j] : j;
+        __shared__ float ss_s;
+        cg::cluster_group cluster = cg::this_cluster();
+        uint32_t c = cluster.block_rank(), chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
+        uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
+        uint32_t j = blockIdx.y, r = out_row ? out_row[j] : j;
         size_t row = (size_t) r * hidden;
         float y[ADD_NORM_PER], a[ADD_NORM_PER];
         float ss = 0.0f;
@@ -87,16 +104,16 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
                 for (uint32_t s = 0; s < splits; s++)
 #pragma unroll
                         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
-                                uint32_t i = threadIdx.x + e * blockDim.x;
-                                if (i < hidden)
+                                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
+                                if (i < hi)
                                         y[e] += part[s * slice_stride + row + i];
                         }
         }
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
-                uint32_t i = threadIdx.x + e * blockDim.x;
+                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
                 a[e] = 0.0f;
-                if (i < hidden) {
+                if (i < hi) {
                         /* The linear's own sum first, then the residual, as the CPU adds. */
                         a[e] = x[row + i];
                         if (part)
@@ -107,21 +124,29 @@ __global__ void __launch_bounds__(ADD_NORM_THREADS) k_add_norm(float *x,
                 }
         }
         ss = block_sum(ss, red);
-        float inv = 1.0f / sqrtf(ss / (float) hidden + eps);
+        if (threadIdx.x == 0)
+                ss_s = ss;
+        cluster.sync();
+        float tot = 0.0f;
+        for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
+                tot += *cluster.map_shared_rank(&ss_s, k);
+        float inv = 1.0f / sqrtf(tot / (float) hidden + eps);
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
-                uint32_t i = threadIdx.x + e * blockDim.x;
-                if (i < hidden)
+                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
+                if (i < hi)
                         xn[(size_t) j * hidden + i] = __float2half(w[i] * (a[e] * inv));
         }
+        cluster.sync(); /* the others are done reading ss_s */
 }
 
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const float *w, __half *xn, uint32_t rows,
         uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
-        k_add_norm<<<rows, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, w, xn, hidden,
-                eps, out_row, write_res);
+        dim3 grid(ADD_NORM_CTAS, rows);
+        k_add_norm<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, w, xn,
+                hidden, eps, out_row, write_res);
 }
 
 __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, size_t slice_stride,
@@ -205,17 +230,46 @@ void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice
  * log-sum-exp (flash-decoding). Each item's result depends only on its own positions, so
  * a row's output is the same whatever the batch and whatever the launch's grid. */
 
-__global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const __half *k_cache,
+#define ATT_THREADS 128
+/* Items of at most this many positions score with lanes split over the key (lane groups
+ * of kl lanes, 16 bytes each, reduced by shuffles); longer ones, thread per position. */
+#define ATT_SPLIT_MAX 32
+
+__device__ __forceinline__ void h8_to_f(uint4 u, float *kf)
+{
+        const uint32_t *uw = (const uint32_t *) &u;
+#pragma unroll
+        for (uint32_t j = 0; j < 4; j++) {
+                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&uw[j]));
+                kf[2 * j] = f.x;
+                kf[2 * j + 1] = f.y;
+        }
+}
+
+__device__ __forceinline__ float dot8(const float *q, const float *kf)
+{
+        const float4 *qa = (const float4 *) q;
+        float4 x0 = qa[0], x1 = qa[1];
+        return x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] + x0.w * kf[3] + x1.x * kf[4] +
+               x1.y * kf[5] + x1.z * kf[6] + x1.w * kf[7];
+}
+
+/* One block of ATT_THREADS per (work item, KV head), the g query heads of the KV head
+ * sharing each key and value load. kl = the power of two >= hd/8 lanes that read one key
+ * (16 bytes each); vl = the power of two >= hd/4 lanes that read one value row (8 bytes
+ * each), ATT_THREADS / vl shares of the item's positions being summed in a fixed order. */
+__global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const __half *k_cache,
         const __half *v_cache, const uint32_t *meta, const uint32_t *row_bt, uint32_t bt_tokens,
-        uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, float scale, float *acc_out,
-        float2 *ml_out)
+        uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, uint32_t kl, uint32_t vl, float scale,
+        float *acc_out, float2 *ml_out)
 {
         extern __shared__ float4 sh4[];
         uint32_t g = n_heads / n_kv_heads, kvh = blockIdx.y, kv_dim = n_kv_heads * hd;
+        uint32_t shares = ATT_THREADS / vl;
         float *q_s = (float *) sh4;                            /* (g, hd) */
         float *p_s = q_s + g * hd;                             /* (g, ATT_CHUNK) */
-        float *o_s = p_s + g * ATT_CHUNK;                      /* (g, hd) */
-        uint32_t *slot_s = (uint32_t *) (o_s + g * hd);        /* (ATT_CHUNK) */
+        float *o_s = p_s + g * ATT_CHUNK;                      /* (shares - 1, g, hd) */
+        uint32_t *slot_s = (uint32_t *) (o_s + (shares - 1) * g * hd); /* (ATT_CHUNK) */
         float *ml_s = (float *) (slot_s + ATT_CHUNK);          /* (g, 2) */
         uint32_t n_items = meta[0];
         const int4 *items = (const int4 *) (meta + meta[1]);
@@ -227,8 +281,12 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 uint32_t n = (uint32_t) (item.z - item.y);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                for (uint32_t i = t; i < g * hd; i += blockDim.x)
-                        q_s[i] = q[(size_t) row * n_heads * hd + (size_t) kvh * g * hd + i];
+                {
+                        const float4 *q4 = (const float4 *) (q + (size_t) row * n_heads * hd +
+                                                             (size_t) kvh * g * hd);
+                        for (uint32_t i = t; i < g * hd / 4; i += ATT_THREADS)
+                                sh4[i] = q4[i];
+                }
                 if (t < n) {
                         uint32_t p = t0 + t;
                         uint32_t block = meta[row_bt[row] + p / bt_tokens];
@@ -236,9 +294,38 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 }
                 __syncthreads();
 
-                /* scores: thread t takes position t0 + t for the g heads, reading its key 16
-                 * bytes at a time (head_dim % 8 == 0) against q broadcast from shared memory */
-                if (t < n) {
+                if (n <= ATT_SPLIT_MAX) {
+                        /* lane group pp of kl lanes takes positions pp, pp + per, ...; lane li
+                         * of the group dimensions 8li..8li+8, all its loads issued first */
+                        uint32_t li = t % kl, pp = t / kl, per = ATT_THREADS / kl;
+                        bool live = 8 * li < hd;
+                        uint4 kv[ATT_SPLIT_MAX / 4];
+#pragma unroll
+                        for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
+                                uint32_t i = pp + r * per;
+                                if (r * per < ATT_SPLIT_MAX && i < n && live)
+                                        kv[r] = __ldg((const uint4 *) (k_cache +
+                                                (size_t) slot_s[i] * kv_dim + kvh * hd) + li);
+                                else
+                                        kv[r] = make_uint4(0, 0, 0, 0);
+                        }
+#pragma unroll
+                        for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
+                                if (r * per >= n) /* uniform over the block */
+                                        break;
+                                uint32_t i = pp + r * per;
+                                float kf[8];
+                                h8_to_f(kv[r], kf);
+                                for (uint32_t h = 0; h < g; h++) {
+                                        float s = live ? dot8(q_s + h * hd + 8 * li, kf) : 0.0f;
+                                        for (uint32_t o = kl / 2; o > 0; o >>= 1)
+                                                s += __shfl_xor_sync(0xffffffffu, s, o);
+                                        if (li == 0 && i < n)
+                                                p_s[h * ATT_CHUNK + i] = s * scale;
+                                }
+                        }
+                } else if (t < n) {
+                        /* thread t takes position t0 + t for the g heads */
                         const uint4 *k8 =
                                 (const uint4 *) (k_cache + (size_t) slot_s[t] * kv_dim + kvh * hd);
                         float sc[ATT_GROUP_MAX];
@@ -254,24 +341,13 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                                         if (d8 + v >= hd / 8)
                                                 break;
                                         float kf[8];
-                                        const uint32_t *uw = (const uint32_t *) &u[v];
-#pragma unroll
-                                        for (uint32_t j = 0; j < 4; j++) {
-                                                float2 f = __half22float2(
-                                                        *reinterpret_cast<const __half2 *>(&uw[j]));
-                                                kf[2 * j] = f.x;
-                                                kf[2 * j + 1] = f.y;
-                                        }
+                                        h8_to_f(u[v], kf);
                                         uint32_t d = 8 * (d8 + v);
 #pragma unroll
                                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
                                                 if (h >= g)
                                                         break;
-                                                const float4 *qa = (const float4 *) (q_s + h * hd + d);
-                                                float4 x0 = qa[0], x1 = qa[1];
-                                                sc[h] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] +
-                                                         x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
-                                                         x1.z * kf[6] + x1.w * kf[7];
+                                                sc[h] += dot8(q_s + h * hd + d, kf);
                                         }
                                 }
                         }
@@ -283,7 +359,7 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 __syncthreads();
 
                 /* softmax numerators per head, one warp per head */
-                for (uint32_t h = warp; h < g; h += blockDim.x / 32) {
+                for (uint32_t h = warp; h < g; h += ATT_THREADS / 32) {
                         float m = -FLT_MAX;
                         for (uint32_t i = lane; i < n; i += 32)
                                 m = fmaxf(m, p_s[h * ATT_CHUNK + i]);
@@ -302,59 +378,77 @@ __global__ void __launch_bounds__(ATT_CHUNK) k_attention(const float *q, const _
                 }
                 __syncthreads();
 
-                /* weighted values: thread t takes the dimension pair d2 = t % (hd/2) for
-                 * every head, over the positions of its share (t / (hd/2)) of the item; a
-                 * warp reads whole value rows. The shares are then added in order. */
-                uint32_t pairs = hd / 2, shares = blockDim.x / pairs;
-                uint32_t d2 = t % pairs, share = t / pairs;
-                uint32_t per = (n + shares - 1) / shares;
-                uint32_t i0 = share * per, i1 = min(n, i0 + per);
-                float2 acc[ATT_GROUP_MAX];
+                /* weighted values: lane vi of a share takes dimensions 4vi..4vi+4 for every
+                 * head over the share's consecutive positions, eight loads in flight */
+                uint32_t vi = t % vl, share = t / vl;
+                uint32_t vper = (n + shares - 1) / shares;
+                uint32_t i0 = share * vper, i1 = min(n, i0 + vper);
+                bool vlive = 4 * vi < hd;
+                float4 acc[ATT_GROUP_MAX];
 #pragma unroll
                 for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
-                        acc[h] = make_float2(0.0f, 0.0f);
-                if (share < shares) {
-                        const __half2 *v2 = (const __half2 *) (v_cache + kvh * hd) + d2;
-#pragma unroll 4
-                        for (uint32_t i = i0; i < i1; i++) {
-                                float2 v = __half22float2(v2[(size_t) slot_s[i] * (kv_dim / 2)]);
+                        acc[h] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (vlive) {
+                        const uint2 *v4 = (const uint2 *) (v_cache + kvh * hd) + vi;
+                        for (uint32_t b = i0; b < i1; b += 8) {
+                                uint2 u[8];
 #pragma unroll
-                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
-                                        if (h >= g)
+                                for (uint32_t j = 0; j < 8; j++)
+                                        u[j] = b + j < i1 ? __ldg(v4 + (size_t) slot_s[b + j] * (kv_dim / 4))
+                                                          : make_uint2(0, 0);
+#pragma unroll
+                                for (uint32_t j = 0; j < 8; j++) {
+                                        if (b + j >= i1)
                                                 break;
-                                        float p = p_s[h * ATT_CHUNK + i];
-                                        acc[h].x += p * v.x;
-                                        acc[h].y += p * v.y;
+                                        float2 v01 = __half22float2(u32_as_h2(u[j].x));
+                                        float2 v23 = __half22float2(u32_as_h2(u[j].y));
+#pragma unroll
+                                        for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
+                                                if (h >= g)
+                                                        break;
+                                                float p = p_s[h * ATT_CHUNK + b + j];
+                                                acc[h].x += p * v01.x;
+                                                acc[h].y += p * v01.y;
+                                                acc[h].z += p * v23.x;
+                                                acc[h].w += p * v23.y;
+                                        }
                                 }
                         }
-                }
-                for (uint32_t sh = 1; sh < shares; sh++) {
-                        if (share == sh)
+                        if (share > 0)
 #pragma unroll
                                 for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
                                         if (h < g)
-                                                ((float2 *) o_s)[h * pairs + d2] = acc[h];
-                        __syncthreads();
-                        if (share == 0)
-#pragma unroll
-                                for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
-                                        if (h < g) {
-                                                float2 o = ((const float2 *) o_s)[h * pairs + d2];
-                                                acc[h].x += o.x;
-                                                acc[h].y += o.y;
-                                        }
-                        __syncthreads();
+                                                ((float4 *) (o_s + ((share - 1) * g + h) * hd))[vi] = acc[h];
                 }
-                if (share == 0)
+                __syncthreads();
+                /* the shares in order 0, 1, ... */
+                if (share == 0 && vlive)
 #pragma unroll
                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
-                                if (h < g)
-                                        ((float2 *) (acc_out + ((size_t) it * n_heads + kvh * g + h) *
-                                                                      hd))[d2] = acc[h];
+                                if (h < g) {
+                                        float4 a = acc[h];
+                                        for (uint32_t sh = 1; sh < shares; sh++) {
+                                                float4 o = ((const float4 *) (o_s + ((sh - 1) * g + h) * hd))[vi];
+                                                a.x += o.x;
+                                                a.y += o.y;
+                                                a.z += o.z;
+                                                a.w += o.w;
+                                        }
+                                        ((float4 *) (acc_out + ((size_t) it * n_heads + kvh * g + h) *
+                                                                       hd))[vi] = a;
+                                }
                 if (t < g)
                         ml_out[(size_t) it * n_heads + kvh * g + t] =
                                 make_float2(ml_s[2 * t], ml_s[2 * t + 1]);
         }
+}
+
+static uint32_t pow2_at_least(uint32_t v)
+{
+        uint32_t p = 1;
+        while (p < v)
+                p *= 2;
+        return p;
 }
 
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
@@ -362,35 +456,76 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
         uint32_t head_dim, float *acc, float2 *ml)
 {
         uint32_t g = n_heads / n_kv_heads;
-        size_t smem = ((size_t) 2 * g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
+        uint32_t kl = pow2_at_least(head_dim / 8), vl = pow2_at_least(head_dim / 4);
+        uint32_t shares = ATT_THREADS / vl;
+        size_t smem = ((size_t) shares * g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
                       sizeof(float);
         float scale = (float) (1.0 / sqrt((double) head_dim));
         dim3 blocks(grid, n_kv_heads);
-        k_attention<<<blocks, ATT_CHUNK, smem, st>>>(q, k_cache, v_cache, meta.base, meta.row_bt,
-                block_tokens, n_heads, n_kv_heads, head_dim, scale, acc, ml);
+        k_attention<<<blocks, ATT_THREADS, smem, st>>>(q, k_cache, v_cache, meta.base, meta.row_bt,
+                block_tokens, n_heads, n_kv_heads, head_dim, kl, vl, scale, acc, ml);
 }
 
-__global__ void k_attention_combine(const float *acc, const float2 *ml, const uint2 *row_items,
-        uint32_t n_heads, uint32_t hd, __half *out)
+/* One block per (row, head): the items' maxima give m, then in chunks of the block's size
+ * each item's weight exp(m_i - m) goes to shared memory and every thread adds its
+ * dimensions' partials (and l) in item order, eight loads in flight. */
+#define COMBINE_THREADS 128
+
+__global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const float *acc,
+        const float2 *ml, const uint2 *row_items, uint32_t n_heads, uint32_t hd, __half *out)
 {
-        uint32_t r = blockIdx.x, h = blockIdx.y;
+        __shared__ float w_s[COMBINE_THREADS], l_s[COMBINE_THREADS];
+        __shared__ float red[32];
+        uint32_t r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
         uint2 ri = row_items[r];
         float m = -FLT_MAX;
 
-        for (uint32_t i = 0; i < ri.y; i++)
+        for (uint32_t i = t; i < ri.y; i += COMBINE_THREADS)
                 m = fmaxf(m, ml[(size_t) (ri.x + i) * n_heads + h].x);
-        float l = 0.0f;
-        for (uint32_t i = 0; i < ri.y; i++) {
-                float2 e = ml[(size_t) (ri.x + i) * n_heads + h];
-                l += expf(e.x - m) * e.y;
-        }
-        for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-                float a = 0.0f;
-                for (uint32_t i = 0; i < ri.y; i++) {
-                        size_t it = ri.x + i;
-                        a += expf(ml[it * n_heads + h].x - m) * acc[(it * n_heads + h) * hd + d];
+        m = warp_max(m);
+        if (t % 32 == 0)
+                red[t / 32] = m;
+        __syncthreads();
+        for (uint32_t w = 0; w < COMBINE_THREADS / 32; w++)
+                m = fmaxf(m, red[w]);
+
+        const uint32_t DPT = 2; /* dimensions per thread: hd <= 2 * COMBINE_THREADS */
+        float a[DPT] = {0.0f, 0.0f}, l = 0.0f;
+        for (uint32_t c0 = 0; c0 < ri.y; c0 += COMBINE_THREADS) {
+                uint32_t nc = min((uint32_t) COMBINE_THREADS, ri.y - c0);
+                __syncthreads(); /* the previous chunk's readers are done */
+                if (t < nc) {
+                        float2 e = ml[(size_t) (ri.x + c0 + t) * n_heads + h];
+                        w_s[t] = expf(e.x - m);
+                        l_s[t] = w_s[t] * e.y;
                 }
-                out[((size_t) r * n_heads + h) * hd + d] = __float2half(a / l);
+                __syncthreads();
+                for (uint32_t i = 0; i < nc; i++)
+                        l += l_s[i];
+#pragma unroll
+                for (uint32_t e = 0; e < DPT; e++) {
+                        uint32_t d = t + e * COMBINE_THREADS;
+                        if (d >= hd)
+                                break;
+                        const float *ap = acc + ((size_t) (ri.x + c0) * n_heads + h) * hd + d;
+                        size_t stride = (size_t) n_heads * hd;
+                        for (uint32_t i = 0; i < nc; i += 8) {
+                                float v[8];
+#pragma unroll
+                                for (uint32_t j = 0; j < 8; j++)
+                                        v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
+#pragma unroll
+                                for (uint32_t j = 0; j < 8; j++)
+                                        if (i + j < nc)
+                                                a[e] += w_s[i + j] * v[j];
+                        }
+                }
+        }
+#pragma unroll
+        for (uint32_t e = 0; e < DPT; e++) {
+                uint32_t d = t + e * COMBINE_THREADS;
+                if (d < hd)
+                        out[((size_t) r * n_heads + h) * hd + d] = __float2half(a[e] / l);
         }
 }
 
@@ -398,7 +533,8 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out)
 {
         dim3 grid(rows, n_heads);
-        k_attention_combine<<<grid, 128, 0, st>>>(acc, ml, meta.row_items, n_heads, head_dim, out);
+        k_attention_combine<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads,
+                head_dim, out);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -430,11 +566,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p));
         return v;
-}
-
-__device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
-{
-        return *reinterpret_cast<__half2 *>(&u);
 }
 
 __device__ __forceinline__ uint32_t h2_as_u32(__half2 h)

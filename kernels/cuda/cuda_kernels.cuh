@@ -17,7 +17,7 @@
 /* Rows one dense GEMV launch takes; more rows go through in passes of this many (the
  * INT4 GEMV takes up to 16 at once). */
 #define GEMV_ROWS 8
-/* Positions one attention work item covers, one per thread of its block. */
+/* Most positions one attention work item covers (decode rows take fewer, see att_chunk). */
 #define ATT_CHUNK 128
 /* Most query heads sharing one KV head that the attention kernel holds in registers. */
 #define ATT_GROUP_MAX 16
