@@ -118,6 +118,20 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
         if (r < 0)
                 return r;
         r = e->ops->load(e->be, &e->model->bk, err);
+        /* "auto" means the best backend that runs this model: a device backend that
+         * refuses the architecture leaves the CPU reference to run it. */
+        bool automatic = !opt->backend || !strcmp(opt->backend, "auto");
+        if (r == -DS_ERR_UNSUPPORTED && automatic && e->ops != &backend_cpu_ops) {
+                log_warning("%s: %s; running on the CPU backend instead", dir,
+                        err ? err->msg : "not supported");
+                e->ops->free(e->be);
+                e->be = NULL;
+                e->ops = &backend_cpu_ops;
+                r = e->ops->create(&bo, &e->be, err);
+                if (r < 0)
+                        return r;
+                r = e->ops->load(e->be, &e->model->bk, err);
+        }
         if (r < 0)
                 return r;
 

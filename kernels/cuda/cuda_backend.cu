@@ -422,6 +422,9 @@ static int model_check(const BkModel *m, DsError *err)
 
         if ((unsigned) c->arch >= _BK_ARCH_MAX)
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "architecture %d", (int) c->arch);
+        if (c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "the CUDA backend does not run DeepSeek MLA/MoE models yet");
         if (c->hidden == 0 || c->intermediate == 0 || c->n_layers == 0 || c->n_heads == 0 ||
                 c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads != 0 || c->head_dim == 0 ||
                 c->head_dim % 2 != 0 || c->vocab_size == 0 || c->vocab_sample == 0 ||
