@@ -11,9 +11,9 @@
 /* Project codes live above every errno value. */
 enum {
         DS_ERR_BASE = 4096,
-        DS_ERR_FORMAT,        /* a file or record is malformed */
-        DS_ERR_UNSUPPORTED,   /* well-formed, but a feature dsd does not implement */
-        DS_ERR_CONTEXT_FULL,  /* a sequence would pass the context limit */
+        DS_ERR_FORMAT,       /* a file or record is malformed */
+        DS_ERR_UNSUPPORTED,  /* well-formed, but a feature dsd does not implement */
+        DS_ERR_CONTEXT_FULL, /* a sequence would pass the context limit */
         DS_ERR_MODEL_NOT_LOADED,
         DS_ERR_WIRE_VERSION,
         _DS_ERR_MAX,

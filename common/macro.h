@@ -7,15 +7,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _cleanup_(f)   __attribute__((cleanup(f)))
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
-#define _unused_ __attribute__((unused))
-#define _likely_(x) __builtin_expect(!!(x), 1)
-#define _unlikely_(x) __builtin_expect(!!(x), 0)
+#define _unused_       __attribute__((unused))
+#define _likely_(x)    __builtin_expect(!!(x), 1)
+#define _unlikely_(x)  __builtin_expect(!!(x), 0)
 
 #define ELEMENTSOF(x) (sizeof(x) / sizeof((x)[0]))
-#define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define MAX(a, b)     ((a) > (b) ? (a) : (b))
 
 /* Hand ownership on: the variable is left NULL / -EBADF so its cleanup does nothing. */
 #define TAKE_PTR(p)                                                                                \

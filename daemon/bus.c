@@ -14,9 +14,12 @@
 #endif
 
 static const char *const bus_state_names[_BUS_STATE_MAX] = {
-        [BUS_STATE_LOADING] = "loading",     [BUS_STATE_READY] = "ready",
-        [BUS_STATE_RELOADING] = "reloading", [BUS_STATE_DRAINING] = "draining",
-        [BUS_STATE_NO_MODEL] = "no-model",   [BUS_STATE_FAILED] = "failed",
+        [BUS_STATE_LOADING] = "loading",
+        [BUS_STATE_READY] = "ready",
+        [BUS_STATE_RELOADING] = "reloading",
+        [BUS_STATE_DRAINING] = "draining",
+        [BUS_STATE_NO_MODEL] = "no-model",
+        [BUS_STATE_FAILED] = "failed",
 };
 
 const char *bus_state_to_string(BusState s)
@@ -29,16 +32,16 @@ static const struct {
         int code;
         const char *name;
 } bus_errors[] = {
-        { -EACCES, "org.freedesktop.DBus.Error.AccessDenied" },
-        { -EPERM, "org.freedesktop.DBus.Error.AccessDenied" },
-        { -EINVAL, "org.freedesktop.DBus.Error.InvalidArgs" },
-        { -ENOMEM, "org.freedesktop.DBus.Error.NoMemory" },
-        { -EBUSY, BUS_ERROR_BUSY },
-        { -ESRCH, BUS_ERROR_NO_SUCH_REQUEST },
-        { -DS_ERR_MODEL_NOT_LOADED, BUS_ERROR_NO_MODEL },
-        { -DS_ERR_FORMAT, BUS_ERROR_LOAD_FAILED },
-        { -DS_ERR_UNSUPPORTED, BUS_ERROR_LOAD_FAILED },
-        { -ENOENT, BUS_ERROR_LOAD_FAILED },
+        {-EACCES, "org.freedesktop.DBus.Error.AccessDenied"},
+        {-EPERM, "org.freedesktop.DBus.Error.AccessDenied"},
+        {-EINVAL, "org.freedesktop.DBus.Error.InvalidArgs"},
+        {-ENOMEM, "org.freedesktop.DBus.Error.NoMemory"},
+        {-EBUSY, BUS_ERROR_BUSY},
+        {-ESRCH, BUS_ERROR_NO_SUCH_REQUEST},
+        {-DS_ERR_MODEL_NOT_LOADED, BUS_ERROR_NO_MODEL},
+        {-DS_ERR_FORMAT, BUS_ERROR_LOAD_FAILED},
+        {-DS_ERR_UNSUPPORTED, BUS_ERROR_LOAD_FAILED},
+        {-ENOENT, BUS_ERROR_LOAD_FAILED},
 };
 
 const char *bus_error_name(int code)
@@ -57,7 +60,7 @@ struct Bus {
         void *userdata;
         char *version;
         uint64_t started_at_usec;
-        gid_t admin_gid; /* (gid_t) -1: no group besides root and our own uid */
+        gid_t admin_gid;            /* (gid_t) -1: no group besides root and our own uid */
         sd_bus_message *reload_msg; /* the Reload() call awaiting bus_reload_done() */
 
         /* What PropertiesChanged last announced, to emit only what differs. */
@@ -68,7 +71,7 @@ struct Bus {
 
 static void bus_get_info(Bus *b, BusInfo *ret)
 {
-        *ret = (BusInfo) { .state = BUS_STATE_NO_MODEL };
+        *ret = (BusInfo){.state = BUS_STATE_NO_MODEL};
         b->ops->get_info(b->userdata, ret);
         if (!ret->model)
                 ret->model = "";
@@ -82,8 +85,8 @@ static void bus_get_info(Bus *b, BusInfo *ret)
  * derives from the error name, as method handlers return. */
 static int bus_reply_code(sd_bus_error *error, int code, const DsError *err)
 {
-        const char *msg = err && err->code == code && err->msg[0] ? err->msg :
-                                                                    ds_strerror_internal(code);
+        const char *msg =
+                err && err->code == code && err->msg[0] ? err->msg : ds_strerror_internal(code);
 
         return sd_bus_error_set(error, bus_error_name(code), msg);
 }
@@ -393,19 +396,19 @@ static int bus_method_get_stats(sd_bus_message *m, void *userdata, sd_bus_error 
                 const char *name;
                 uint64_t value;
         } items[] = {
-                { "RequestsTotal", s.requests_total },
-                { "RequestsFinished", s.requests_finished },
-                { "RequestsCancelled", s.requests_cancelled },
-                { "RequestsFailed", s.requests_failed },
-                { "PromptTokensTotal", s.prompt_tokens_total },
-                { "GeneratedTokensTotal", s.generated_tokens_total },
-                { "ReloadsTotal", s.reloads_total },
-                { "TimeToFirstTokenP50USec", s.ttft_p50_usec },
-                { "TimeToFirstTokenP90USec", s.ttft_p90_usec },
-                { "TimeToFirstTokenP99USec", s.ttft_p99_usec },
-                { "InterTokenP50USec", s.token_p50_usec },
-                { "InterTokenP90USec", s.token_p90_usec },
-                { "InterTokenP99USec", s.token_p99_usec },
+                {"RequestsTotal", s.requests_total},
+                {"RequestsFinished", s.requests_finished},
+                {"RequestsCancelled", s.requests_cancelled},
+                {"RequestsFailed", s.requests_failed},
+                {"PromptTokensTotal", s.prompt_tokens_total},
+                {"GeneratedTokensTotal", s.generated_tokens_total},
+                {"ReloadsTotal", s.reloads_total},
+                {"TimeToFirstTokenP50USec", s.ttft_p50_usec},
+                {"TimeToFirstTokenP90USec", s.ttft_p90_usec},
+                {"TimeToFirstTokenP99USec", s.ttft_p99_usec},
+                {"InterTokenP50USec", s.token_p50_usec},
+                {"InterTokenP90USec", s.token_p90_usec},
+                {"InterTokenP99USec", s.token_p99_usec},
         };
 
         r = sd_bus_message_new_method_return(m, &reply);
@@ -433,17 +436,17 @@ static int bus_method_get_stats(sd_bus_message *m, void *userdata, sd_bus_error 
  * bus; the mutating ones check the caller in bus_check_caller(). */
 static const sd_bus_vtable bus_daemon_vtable[] = {
         SD_BUS_VTABLE_START(0),
-        SD_BUS_PROPERTY("State", "s", bus_property_get_state, 0,
-                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("Model", "s", bus_property_get_model, 0,
-                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("Backend", "s", bus_property_get_backend, 0,
-                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("Device", "s", bus_property_get_device, 0,
-                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY(
+                "State", "s", bus_property_get_state, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY(
+                "Model", "s", bus_property_get_model, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY(
+                "Backend", "s", bus_property_get_backend, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY(
+                "Device", "s", bus_property_get_device, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("Version", "s", bus_property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("StartedAt", "t", bus_property_get_started_at, 0,
-                SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY(
+                "StartedAt", "t", bus_property_get_started_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("ContextLength", "u", bus_property_get_context_length, 0,
                 SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("ActiveRequests", "u", bus_property_get_counter, 0, 0),
@@ -460,13 +463,12 @@ static const sd_bus_vtable bus_daemon_vtable[] = {
                 SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Resume", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, bus_method_resume,
                 SD_BUS_VTABLE_UNPRIVILEGED),
-        SD_BUS_METHOD_WITH_ARGS("ListClients", SD_BUS_NO_ARGS,
-                SD_BUS_RESULT("a(tuusutt)", clients), bus_method_list_clients,
-                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("ListClients", SD_BUS_NO_ARGS, SD_BUS_RESULT("a(tuusutt)", clients),
+                bus_method_list_clients, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("GetStats", SD_BUS_NO_ARGS, SD_BUS_RESULT("a{sv}", stats),
                 bus_method_get_stats, SD_BUS_VTABLE_UNPRIVILEGED),
-        SD_BUS_METHOD_WITH_ARGS("Cancel", SD_BUS_ARGS("t", id), SD_BUS_NO_RESULT,
-                bus_method_cancel, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Cancel", SD_BUS_ARGS("t", id), SD_BUS_NO_RESULT, bus_method_cancel,
+                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_VTABLE_END,
 };
 
@@ -478,8 +480,8 @@ int bus_new(const BusOptions *opt, const BusOps *ops, void *userdata, Bus **ret,
         int r;
 
         if (!opt || !ops || !ops->get_info || !ops->get_counters || !ops->get_stats ||
-                !ops->list_clients || !ops->reload || !ops->drain || !ops->resume ||
-                !ops->cancel || !ret)
+                !ops->list_clients || !ops->reload || !ops->drain || !ops->resume || !ops->cancel ||
+                !ret)
                 return -EINVAL;
 
         b = calloc(1, sizeof(*b));
@@ -506,15 +508,14 @@ int bus_new(const BusOptions *opt, const BusOps *ops, void *userdata, Bus **ret,
                         opt->user_bus ? "session" : "system", strerror(-r));
         r = sd_bus_add_object_vtable(b->bus, NULL, BUS_PATH, BUS_INTERFACE, bus_daemon_vtable, b);
         if (r < 0)
-                return ds_error(err, r, "Failed to add the %s object: %s", BUS_PATH,
-                        strerror(-r));
+                return ds_error(err, r, "Failed to add the %s object: %s", BUS_PATH, strerror(-r));
         r = sd_bus_request_name(b->bus, BUS_NAME, 0);
         if (r < 0)
                 return ds_error(err, r, "Failed to acquire the bus name %s: %s%s", BUS_NAME,
                         strerror(-r),
-                        r == -EEXIST ? " (is another dsd running?)" :
-                        r == -EACCES ? " (is the D-Bus policy io.dsd.Daemon1.conf installed?)" :
-                                       "");
+                        r == -EEXIST   ? " (is another dsd running?)"
+                        : r == -EACCES ? " (is the D-Bus policy io.dsd.Daemon1.conf installed?)"
+                                       : "");
         r = bus_info_changed(b);
         if (r < 0)
                 return ds_error(err, r, "Failed to read the daemon state: %s", strerror(-r));
@@ -616,8 +617,8 @@ int bus_info_changed(Bus *b)
         if (n == 0)
                 return 0;
         changed[n] = NULL;
-        return sd_bus_emit_properties_changed_strv(b->bus, BUS_PATH, BUS_INTERFACE,
-                (char **) changed);
+        return sd_bus_emit_properties_changed_strv(
+                b->bus, BUS_PATH, BUS_INTERFACE, (char **) changed);
 }
 
 void bus_reload_done(Bus *b, int error, const char *message)

@@ -14,15 +14,15 @@
 
 #include "error.h"
 
-#define BUS_NAME "io.dsd.Daemon1"
-#define BUS_PATH "/io/dsd/Daemon1"
+#define BUS_NAME      "io.dsd.Daemon1"
+#define BUS_PATH      "/io/dsd/Daemon1"
 #define BUS_INTERFACE "io.dsd.Daemon1"
 
 /* Error names beyond org.freedesktop.DBus.Error.*, for codes bus_error_name() maps. */
-#define BUS_ERROR_BUSY "io.dsd.Daemon1.Error.Busy"                   /* -EBUSY */
+#define BUS_ERROR_BUSY            "io.dsd.Daemon1.Error.Busy"          /* -EBUSY */
 #define BUS_ERROR_NO_SUCH_REQUEST "io.dsd.Daemon1.Error.NoSuchRequest" /* -ESRCH */
-#define BUS_ERROR_NO_MODEL "io.dsd.Daemon1.Error.NoModel"   /* -DS_ERR_MODEL_NOT_LOADED */
-#define BUS_ERROR_LOAD_FAILED "io.dsd.Daemon1.Error.LoadFailed" /* -DS_ERR_FORMAT etc. */
+#define BUS_ERROR_NO_MODEL        "io.dsd.Daemon1.Error.NoModel"    /* -DS_ERR_MODEL_NOT_LOADED */
+#define BUS_ERROR_LOAD_FAILED     "io.dsd.Daemon1.Error.LoadFailed" /* -DS_ERR_FORMAT etc. */
 
 typedef enum BusState {
         BUS_STATE_LOADING,   /* the first model is being loaded; nothing is served yet */

@@ -42,31 +42,37 @@ typedef struct ConfigField {
         const char *def; /* the default, as config_set() text */
 } ConfigField;
 
-#define F(key, type, member, lo, hi, def) { key, type, offsetof(DsdConfig, member), lo, hi, def }
+#define F(key, type, member, lo, hi, def)                                                          \
+        {                                                                                          \
+                key, type, offsetof(DsdConfig, member), lo, hi, def                                \
+        }
 
 /* The defaults and ranges, in the order docs/operations.md and packaging/dsd.json list
  * them. Ranges are wide enough for any machine and small enough that products of them
  * (batch × context, clients × pending bytes) cannot overflow or exhaust memory. */
-static const ConfigField config_fields[] = {
-        /* key                              type            member                              lo        hi            default */
-        F("model",                          FT_MODEL,       model,                              0,        0,            ""),
-        F("backend",                        FT_BACKEND,     backend,                            0,        0,            "auto"),
-        F("device",                         FT_U32,         device,                             0,        255,          "0"),
-        F("quantize_at_load",               FT_BOOL,        quantize_at_load,                   0,        0,            "false"),
-        F("limits.context_length",          FT_U32,         limits.context_length,              0,        1 << 24,      "0"),
-        F("limits.max_batch",               FT_U32,         limits.max_batch,                   1,        1024,         "16"),
-        F("limits.queue_length",            FT_U32,         limits.queue_length,                0,        65536,        "256"),
-        F("limits.kv_memory_fraction",      FT_FRACTION,    limits.kv_memory_fraction,          0,        1,            "0.9"),
-        F("limits.client_max_requests",     FT_U32,         limits.client_max_requests,         1,        4096,         "16"),
-        F("limits.client_max_pending_events", FT_U32,       limits.client_max_pending_events,   16,       1 << 20,      "4096"),
-        F("limits.client_max_pending_bytes", FT_U64,        limits.client_max_pending_bytes,    4096,     1ull << 32,   "16777216"),
-        F("socket.path",                    FT_SOCKET_PATH, socket_path,                        0,        0,            "/run/dsd/dsd.sock"),
-        F("socket.mode",                    FT_MODE,        socket_mode,                        0,        0,            "0660"),
-        F("socket.allowed_uids",            FT_UIDS,        allowed_uids,                       0,        0,            ""),
-        F("socket.allowed_gids",            FT_GIDS,        allowed_gids,                       0,        0,            ""),
-        F("log_level",                      FT_LOG_LEVEL,   log_level,                          0,        0,            "info"),
-        F("bus",                            FT_BUS,         bus,                                0,        0,            "system"),
-        F("stop_timeout_sec",               FT_U32,         stop_timeout_sec,                   1,        3600,         "60"),
+static const ConfigField config_fields[] =
+        {
+                /* key                              type            member lo        hi default */
+                F("model", FT_MODEL, model, 0, 0, ""),
+                F("backend", FT_BACKEND, backend, 0, 0, "auto"),
+                F("device", FT_U32, device, 0, 255, "0"),
+                F("quantize_at_load", FT_BOOL, quantize_at_load, 0, 0, "false"),
+                F("limits.context_length", FT_U32, limits.context_length, 0, 1 << 24, "0"),
+                F("limits.max_batch", FT_U32, limits.max_batch, 1, 1024, "16"),
+                F("limits.queue_length", FT_U32, limits.queue_length, 0, 65536, "256"),
+                F("limits.kv_memory_fraction", FT_FRACTION, limits.kv_memory_fraction, 0, 1, "0.9"),
+                F("limits.client_max_requests", FT_U32, limits.client_max_requests, 1, 4096, "16"),
+                F("limits.client_max_pending_events", FT_U32, limits.client_max_pending_events, 16,
+                        1 << 20, "4096"),
+                F("limits.client_max_pending_bytes", FT_U64, limits.client_max_pending_bytes, 4096,
+                        1ull << 32, "16777216"),
+                F("socket.path", FT_SOCKET_PATH, socket_path, 0, 0, "/run/dsd/dsd.sock"),
+                F("socket.mode", FT_MODE, socket_mode, 0, 0, "0660"),
+                F("socket.allowed_uids", FT_UIDS, allowed_uids, 0, 0, ""),
+                F("socket.allowed_gids", FT_GIDS, allowed_gids, 0, 0, ""),
+                F("log_level", FT_LOG_LEVEL, log_level, 0, 0, "info"),
+                F("bus", FT_BUS, bus, 0, 0, "system"),
+                F("stop_timeout_sec", FT_U32, stop_timeout_sec, 1, 3600, "60"),
 };
 
 #undef F
@@ -87,8 +93,11 @@ static const struct {
         const char *name;
         int level;
 } log_levels[] = {
-        { "error", LOG_LVL_ERR },   { "warning", LOG_LVL_WARNING }, { "notice", LOG_LVL_NOTICE },
-        { "info", LOG_LVL_INFO },   { "debug", LOG_LVL_DEBUG },
+        {"error", LOG_LVL_ERR},
+        {"warning", LOG_LVL_WARNING},
+        {"notice", LOG_LVL_NOTICE},
+        {"info", LOG_LVL_INFO},
+        {"debug", LOG_LVL_DEBUG},
 };
 
 const char *config_backend_to_string(ConfigBackend b)
@@ -115,8 +124,7 @@ typedef struct Origin {
         size_t len;
 } Origin;
 
-static void offset_to_line_col(const char *text, size_t off, unsigned *ret_line,
-        unsigned *ret_col)
+static void offset_to_line_col(const char *text, size_t off, unsigned *ret_line, unsigned *ret_col)
 {
         unsigned line = 1, col = 1;
 
@@ -221,8 +229,8 @@ static const char *json_str(const cJSON *j, char *buf, size_t size)
         return buf;
 }
 
-static int field_fail(const Origin *o, DsError *err, const char *key, const cJSON *v,
-        const char *want)
+static int field_fail(
+        const Origin *o, DsError *err, const char *key, const cJSON *v, const char *want)
 {
         char where[512], got[64];
 
@@ -281,11 +289,11 @@ static bool valid_user_name(const char *s)
 }
 
 /* Resolves one allowed_uids/allowed_gids entry: a number below 2^32-1 or a name. */
-static int parse_id(const Origin *o, DsError *err, const char *key, const cJSON *v, bool group,
-        uint32_t *ret)
+static int parse_id(
+        const Origin *o, DsError *err, const char *key, const cJSON *v, bool group, uint32_t *ret)
 {
-        const char *want = group ? "an array of gids or group names" :
-                                   "an array of uids or user names";
+        const char *want =
+                group ? "an array of gids or group names" : "an array of uids or user names";
         char msg[128];
 
         if (cJSON_IsNumber(v)) {
@@ -318,8 +326,8 @@ static int parse_id(const Origin *o, DsError *err, const char *key, const cJSON 
         return 0;
 }
 
-static int parse_ids(const Origin *o, DsError *err, const ConfigField *f, const cJSON *v,
-        DsdConfig *c)
+static int parse_ids(
+        const Origin *o, DsError *err, const ConfigField *f, const cJSON *v, DsdConfig *c)
 {
         bool group = f->type == FT_GIDS;
         uint32_t ids[CONFIG_IDS_MAX];
@@ -329,9 +337,11 @@ static int parse_ids(const Origin *o, DsError *err, const ConfigField *f, const 
         int r;
 
         if (!cJSON_IsArray(v))
-                return field_fail(o, err, f->key,
-                        v, group ? "an array of gids or group names" : "an array of uids or user names");
-        cJSON_ArrayForEach(item, v) {
+                return field_fail(o, err, f->key, v,
+                        group ? "an array of gids or group names"
+                              : "an array of uids or user names");
+        cJSON_ArrayForEach(item, v)
+        {
                 if (n == CONFIG_IDS_MAX) {
                         snprintf(msg, sizeof(msg), "has more than %u entries", CONFIG_IDS_MAX);
                         return field_fail_msg(o, err, f->key, msg);
@@ -375,8 +385,8 @@ static int parse_path(const Origin *o, DsError *err, const ConfigField *f, const
 
 /* Validates v (never NULL: absent and null values do not get here, except a null model)
  * and stores it into c. c is written only when the value is valid. */
-static int field_apply(const Origin *o, DsError *err, const ConfigField *f, const cJSON *v,
-        DsdConfig *c)
+static int field_apply(
+        const Origin *o, DsError *err, const ConfigField *f, const cJSON *v, DsdConfig *c)
 {
         void *dst = (char *) c + f->offset;
         char want[96];
@@ -392,16 +402,16 @@ static int field_apply(const Origin *o, DsError *err, const ConfigField *f, cons
         case FT_SOCKET_PATH:
                 return parse_path(o, err, f, v, sizeof(c->socket_path), false, c->socket_path);
         case FT_BACKEND:
-                x = cJSON_IsString(v) ?
-                        parse_name_enum(v->valuestring, backend_names, _CONFIG_BACKEND_MAX) :
-                        -EINVAL;
+                x = cJSON_IsString(v)
+                            ? parse_name_enum(v->valuestring, backend_names, _CONFIG_BACKEND_MAX)
+                            : -EINVAL;
                 if (x < 0)
                         return field_fail(o, err, f->key, v, "\"auto\", \"cpu\" or \"cuda\"");
                 *(ConfigBackend *) dst = (ConfigBackend) x;
                 return 0;
         case FT_BUS:
-                x = cJSON_IsString(v) ? parse_name_enum(v->valuestring, bus_names, _CONFIG_BUS_MAX) :
-                                        -EINVAL;
+                x = cJSON_IsString(v) ? parse_name_enum(v->valuestring, bus_names, _CONFIG_BUS_MAX)
+                                      : -EINVAL;
                 if (x < 0)
                         return field_fail(o, err, f->key, v, "\"system\", \"session\" or \"none\"");
                 *(ConfigBus *) dst = (ConfigBus) x;
@@ -449,8 +459,8 @@ static int field_apply(const Origin *o, DsError *err, const ConfigField *f, cons
                 size_t n = strspn(s, "01234567");
                 unsigned long m = n ? strtoul(s, NULL, 8) : 0;
                 if (n < 3 || n > 4 || s[n] || m > 0777)
-                        return field_fail(o, err, f->key, v,
-                                "an octal mode string from \"000\" to \"0777\"");
+                        return field_fail(
+                                o, err, f->key, v, "an octal mode string from \"000\" to \"0777\"");
                 *(mode_t *) dst = (mode_t) m;
                 return 0;
         }
@@ -512,8 +522,8 @@ static cJSON *text_to_json(const ConfigField *f, const char *s)
                         size_t n = strcspn(p, ",");
                         snprintf(item, sizeof(item), "%.*s", (int) MIN(n, sizeof(item) - 1), p);
                         bool digits = n > 0 && strspn(item, "0123456789") == strlen(item);
-                        cJSON *j = digits ? cJSON_CreateNumber(strtod(item, NULL)) :
-                                            cJSON_CreateString(item);
+                        cJSON *j = digits ? cJSON_CreateNumber(strtod(item, NULL))
+                                          : cJSON_CreateString(item);
                         if (!j || !cJSON_AddItemToArray(a, j)) {
                                 cJSON_Delete(j);
                                 cJSON_Delete(a);
@@ -530,8 +540,8 @@ static cJSON *text_to_json(const ConfigField *f, const char *s)
 
 /* "http" replaces the object with JSON text; "http.listen" sets one member of it. Its
  * other members are daemon/http's to check. */
-static int http_set(DsdConfig *c, const char *source, const char *key, const char *value,
-        DsError *err)
+static int http_set(
+        DsdConfig *c, const char *source, const char *key, const char *value, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *obj = NULL;
         _cleanup_free_ char *text = NULL;
@@ -539,8 +549,8 @@ static int http_set(DsdConfig *c, const char *source, const char *key, const cha
         if (!strcmp(key, "http")) {
                 obj = cJSON_Parse(value);
                 if (!cJSON_IsObject(obj))
-                        return ds_error(err, -EINVAL, "%s: field 'http': not a JSON object",
-                                source);
+                        return ds_error(
+                                err, -EINVAL, "%s: field 'http': not a JSON object", source);
         } else {
                 obj = c->http[0] ? cJSON_Parse(c->http) : cJSON_CreateObject();
                 if (!obj)
@@ -558,13 +568,12 @@ static int http_set(DsdConfig *c, const char *source, const char *key, const cha
         return 0;
 }
 
-int config_set(DsdConfig *c, const char *source, const char *key, const char *value,
-        DsError *err)
+int config_set(DsdConfig *c, const char *source, const char *key, const char *value, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *v = NULL;
         _cleanup_free_ char *abs = NULL;
         const ConfigField *f;
-        Origin o = { .name = source };
+        Origin o = {.name = source};
         DsdConfig n;
         int r;
 
@@ -580,8 +589,8 @@ int config_set(DsdConfig *c, const char *source, const char *key, const char *va
         if (f->type == FT_MODEL && value[0] && value[0] != '/') {
                 char cwd[PATH_MAX];
                 if (!getcwd(cwd, sizeof(cwd)) || asprintf(&abs, "%s/%s", cwd, value) < 0)
-                        return ds_error(err, -errno, "%s: cannot make '%s' absolute: %s",
-                                source, value, strerror(errno));
+                        return ds_error(err, -errno, "%s: cannot make '%s' absolute: %s", source,
+                                value, strerror(errno));
                 value = abs;
         }
         v = text_to_json(f, value);
@@ -600,8 +609,8 @@ void config_init(DsdConfig *c)
         memset(c, 0, sizeof(*c));
         for (size_t i = 0; i < ELEMENTSOF(config_fields); i++) {
                 /* The defaults are constants; test-config checks that each one is valid. */
-                _unused_ int r = config_set(c, "default", config_fields[i].key,
-                        config_fields[i].def, NULL);
+                _unused_ int r =
+                        config_set(c, "default", config_fields[i].key, config_fields[i].def, NULL);
                 assert(r == 0);
         }
 }
@@ -609,13 +618,14 @@ void config_init(DsdConfig *c)
 // --- The file --------------------------------------------------------------------------------
 
 /* Applies the members of one JSON object; prefix is "" or "limits." etc. */
-static int apply_object(const Origin *o, DsError *err, const cJSON *obj, const char *prefix,
-        DsdConfig *c)
+static int apply_object(
+        const Origin *o, DsError *err, const cJSON *obj, const char *prefix, DsdConfig *c)
 {
         const cJSON *v;
         int r;
 
-        cJSON_ArrayForEach(v, obj) {
+        cJSON_ArrayForEach(v, obj)
+        {
                 char key[128];
 
                 snprintf(key, sizeof(key), "%s%s", prefix, v->string);
@@ -666,7 +676,7 @@ static int apply_object(const Origin *o, DsError *err, const cJSON *obj, const c
 int config_parse(const char *name, const char *json, size_t len, DsdConfig *ret, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *root = NULL;
-        Origin o = { .name = name, .text = json, .len = len };
+        Origin o = {.name = name, .text = json, .len = len};
         const char *end = NULL;
         unsigned line, col;
         DsdConfig c;
@@ -686,15 +696,13 @@ int config_parse(const char *name, const char *json, size_t len, DsdConfig *ret,
         if (!root) {
                 size_t off = end && end >= json && end <= json + len ? (size_t) (end - json) : 0;
                 offset_to_line_col(json, off, &line, &col);
-                return ds_error(err, -DS_ERR_FORMAT, "%s:%u:%u: not valid JSON", name, line,
-                        col);
+                return ds_error(err, -DS_ERR_FORMAT, "%s:%u:%u: not valid JSON", name, line, col);
         }
         for (size_t off = (size_t) (end - json); off < len; off++)
                 if (!strchr(" \t\r\n", json[off])) {
                         offset_to_line_col(json, off, &line, &col);
                         return ds_error(err, -DS_ERR_FORMAT,
-                                "%s:%u:%u: unexpected text after the JSON object", name, line,
-                                col);
+                                "%s:%u:%u: unexpected text after the JSON object", name, line, col);
                 }
         if (!cJSON_IsObject(root)) {
                 char where[512];
@@ -744,15 +752,14 @@ int config_load(const char *path, bool missing_ok, DsdConfig *ret, DsError *err)
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
-                        return ds_error(err, -errno, "%s: cannot read: %s", path,
-                                strerror(errno));
+                        return ds_error(err, -errno, "%s: cannot read: %s", path, strerror(errno));
                 }
                 if (k == 0)
                         break;
                 n += (size_t) k;
                 if (n > CONFIG_FILE_MAX)
-                        return ds_error(err, -EFBIG, "%s: larger than %u bytes", path,
-                                CONFIG_FILE_MAX);
+                        return ds_error(
+                                err, -EFBIG, "%s: larger than %u bytes", path, CONFIG_FILE_MAX);
         }
         r = config_parse(path, buf, n, ret, err);
         if (r < 0)

@@ -13,10 +13,10 @@
 
 #include "error.h"
 
-#define DSD_CONFIG_PATH "/etc/dsd/dsd.json"
-#define CONFIG_FILE_MAX (1u << 20) /* a config larger than this is refused unread */
-#define CONFIG_IDS_MAX 64u         /* entries in socket.allowed_uids / allowed_gids */
-#define CONFIG_SOCKET_PATH_MAX 108 /* sizeof(struct sockaddr_un.sun_path) */
+#define DSD_CONFIG_PATH        "/etc/dsd/dsd.json"
+#define CONFIG_FILE_MAX        (1u << 20) /* a config larger than this is refused unread */
+#define CONFIG_IDS_MAX         64u        /* entries in socket.allowed_uids / allowed_gids */
+#define CONFIG_SOCKET_PATH_MAX 108        /* sizeof(struct sockaddr_un.sun_path) */
 
 typedef enum ConfigBackend {
         CONFIG_BACKEND_AUTO,
@@ -85,8 +85,7 @@ int config_load(const char *path, bool missing_ok, DsdConfig *ret, DsError *err)
  * ("limits.max_batch"), value is parsed by the field's type (numbers, true/false, and
  * comma-separated lists for allowed_uids/allowed_gids; "" clears model). source names the
  * origin in messages ("--max-batch"). c is left unchanged on failure. */
-int config_set(DsdConfig *c, const char *source, const char *key, const char *value,
-        DsError *err);
+int config_set(DsdConfig *c, const char *source, const char *key, const char *value, DsError *err);
 
 /* The configuration as a JSON document with every field, in the file's layout, for
  * `dsd --dump-config` and to compare configurations. The caller frees *ret. */

@@ -73,7 +73,7 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
 
         ModelOptions mo = {
                 .quantize_int4 = opt->quantize_int4,
-                .progress = opt->progress ? opt->progress
+                .progress = opt->progress  ? opt->progress
                             : opt->verbose ? load_progress
                                            : NULL,
                 .userdata = opt->progress ? opt->progress_userdata : (void *) dir,
@@ -100,8 +100,8 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
         uint32_t n_vocab = tokenizer_n_vocab(e->tok);
         if (n_vocab > cfg->vocab_size)
                 return ds_error(err, -DS_ERR_FORMAT,
-                        "%s: tokenizer has %u ids but the model's vocab_size is %u", dir,
-                        n_vocab, cfg->vocab_size);
+                        "%s: tokenizer has %u ids but the model's vocab_size is %u", dir, n_vocab,
+                        cfg->vocab_size);
         cfg->vocab_sample = n_vocab;
 
         for (uint32_t i = 0; i < e->model->info.n_eos; i++)
@@ -113,7 +113,7 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "backend '%s' is not available in this build or on this machine",
                         opt->backend);
-        BkOptions bo = { .threads = opt->threads, .device = opt->device };
+        BkOptions bo = {.threads = opt->threads, .device = opt->device};
         r = e->ops->create(&bo, &e->be, err);
         if (r < 0)
                 return r;

@@ -47,7 +47,7 @@ bool engine_is_eos(const Engine *e, int32_t id);
 typedef enum FinishReason {
         FINISH_LENGTH, /* max tokens or the context limit */
         FINISH_EOS,
-        FINISH_STOP,   /* a stop string */
+        FINISH_STOP,      /* a stop string */
         FINISH_CANCELLED, /* the client cancelled or went away (serving path only) */
         _FINISH_MAX,
 } FinishReason;
@@ -59,7 +59,7 @@ typedef struct GenParams {
         BkSampling sampling;
         const char *const *stops; /* stop strings, not included in the output */
         uint32_t n_stops;
-        bool chat;                /* wrap the text as one user turn of the chat template */
+        bool chat; /* wrap the text as one user turn of the chat template */
 } GenParams;
 
 typedef struct GenResult {
@@ -78,11 +78,11 @@ typedef void (*GenEmit)(void *userdata, const char *text, size_t len);
  * the chat template when chat is set (and the tokenizer knows one), else BOS (when the
  * tokenizer adds one) and the text. Never empty. The serving path uses it too, so both
  * paths see the same ids for the same text. */
-int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
-        size_t *ret_n, DsError *err);
+int engine_encode_prompt(
+        Engine *e, const char *text, bool chat, int32_t **ret_ids, size_t *ret_n, DsError *err);
 
 /* Runs one request to completion on a fresh sequence. */
-int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emit,
-        void *userdata, GenResult *ret, DsError *err);
+int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emit, void *userdata,
+        GenResult *ret, DsError *err);
 
 uint64_t now_usec(void);

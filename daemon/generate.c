@@ -11,8 +11,8 @@
 /* Prefill tokens per step: bounds the backend's scratch, as the scheduler's budget will. */
 #define PREFILL_CHUNK 512u
 
-int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_ids,
-        size_t *ret_n, DsError *err)
+int engine_encode_prompt(
+        Engine *e, const char *text, bool chat, int32_t **ret_ids, size_t *ret_n, DsError *err)
 {
         _cleanup_free_ char *rendered = NULL;
         _cleanup_free_ int32_t *ids = NULL;
@@ -26,7 +26,7 @@ int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_i
                                     "completion",
                                 e->model->dir);
                 else {
-                        ChatMessage msg = { .role = "user", .content = text };
+                        ChatMessage msg = {.role = "user", .content = text};
                         r = chat_render(e->tok, &msg, 1, &rendered, err);
                         if (r < 0)
                                 return r;
@@ -59,8 +59,8 @@ int engine_encode_prompt(Engine *e, const char *text, bool chat, int32_t **ret_i
         return 0;
 }
 
-int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit emit,
-        void *userdata, GenResult *ret, DsError *err)
+int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit emit, void *userdata,
+        GenResult *ret, DsError *err)
 {
         _cleanup_free_ int32_t *prompt = NULL, *history = NULL;
         _cleanup_free_ uint32_t *blocks = NULL;
@@ -78,12 +78,12 @@ int engine_generate(Engine *e, const char *text, const GenParams *gp, GenEmit em
         if (r < 0)
                 return r;
 
-        uint64_t capacity = MIN((uint64_t) cfg->max_positions,
-                (uint64_t) e->kv.n_total * e->block_tokens);
+        uint64_t capacity =
+                MIN((uint64_t) cfg->max_positions, (uint64_t) e->kv.n_total * e->block_tokens);
         if (n_prompt >= capacity)
                 return ds_error(err, -DS_ERR_CONTEXT_FULL,
-                        "the prompt has %zu tokens, more than the context of %llu allows",
-                        n_prompt, (unsigned long long) capacity);
+                        "the prompt has %zu tokens, more than the context of %llu allows", n_prompt,
+                        (unsigned long long) capacity);
         uint32_t max_new = (uint32_t) MIN((uint64_t) gp->max_tokens, capacity - n_prompt);
         uint32_t total = (uint32_t) n_prompt + max_new;
         uint32_t n_blocks = (total + e->block_tokens - 1) / e->block_tokens;

@@ -7,7 +7,7 @@
 
 int kv_pool_init(KvPool *p, uint32_t n_blocks)
 {
-        *p = (KvPool) {};
+        *p = (KvPool){};
         p->free_ids = calloc(n_blocks ? n_blocks : 1, sizeof(uint32_t));
         if (!p->free_ids)
                 return -ENOMEM;
@@ -21,7 +21,7 @@ int kv_pool_init(KvPool *p, uint32_t n_blocks)
 void kv_pool_done(KvPool *p)
 {
         free(p->free_ids);
-        *p = (KvPool) {};
+        *p = (KvPool){};
 }
 
 int kv_pool_alloc(KvPool *p, uint32_t n, uint32_t *ret)

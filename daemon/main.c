@@ -54,7 +54,8 @@ static void help(void)
                "                       requests per client, KV for one full context\n"
                "  --bus system|session|none  where io.dsd.Daemon1 is served\n"
                "  --log-level LEVEL    error, warning, notice, info or debug\n"
-               "  --model DIR          model directory (config.json, *.safetensors, tokenizer.json)\n"
+               "  --model DIR          model directory (config.json, *.safetensors, "
+               "tokenizer.json)\n"
                "  --generate TEXT      the prompt\n"
                "  --max-tokens N       most tokens to generate (default 256)\n"
                "  --temperature T      0 means greedy (default 0)\n"
@@ -66,7 +67,8 @@ static void help(void)
                "  --device N           CUDA device index (default 0)\n"
                "  --quantize-at-load   quantize FP16/BF16/F32 linear layers to INT4 (group 128)\n"
                "  --threads N          CPU backend threads (default 1)\n"
-               "  --kv-bytes N         KV cache budget in bytes (default: limits.kv_memory_fraction\n"
+               "  --kv-bytes N         KV cache budget in bytes (default: "
+               "limits.kv_memory_fraction\n"
                "                       with --config, else one full context)\n"
                "\n"
                "Serving options:\n"
@@ -157,48 +159,69 @@ static int add_id(const char *opt, const char *s, char *list, size_t size)
 static int parse_argv(int argc, char **argv)
 {
         enum {
-                ARG_MODEL = 0x100, ARG_GENERATE, ARG_MAX_TOKENS, ARG_TEMPERATURE, ARG_TOP_K,
-                ARG_TOP_P, ARG_SEED, ARG_CHAT, ARG_BACKEND, ARG_QUANTIZE, ARG_THREADS,
-                ARG_VERSION, ARG_KV_BYTES, ARG_SOCKET, ARG_MAX_BATCH, ARG_STEP_TOKENS, ARG_QUEUE,
-                ARG_MAX_CLIENTS, ARG_MAX_REQUESTS, ARG_CLIENT_BUFFER, ARG_SLOW_TIMEOUT,
-                ARG_ALLOW_UID, ARG_ALLOW_GID, ARG_HTTP_LISTEN, ARG_HTTP_CONFIG, ARG_CONFIG,
-                ARG_BUS, ARG_LOG_LEVEL, ARG_DEVICE, ARG_CONTEXT_LENGTH, ARG_STOP_TIMEOUT,
+                ARG_MODEL = 0x100,
+                ARG_GENERATE,
+                ARG_MAX_TOKENS,
+                ARG_TEMPERATURE,
+                ARG_TOP_K,
+                ARG_TOP_P,
+                ARG_SEED,
+                ARG_CHAT,
+                ARG_BACKEND,
+                ARG_QUANTIZE,
+                ARG_THREADS,
+                ARG_VERSION,
+                ARG_KV_BYTES,
+                ARG_SOCKET,
+                ARG_MAX_BATCH,
+                ARG_STEP_TOKENS,
+                ARG_QUEUE,
+                ARG_MAX_CLIENTS,
+                ARG_MAX_REQUESTS,
+                ARG_CLIENT_BUFFER,
+                ARG_SLOW_TIMEOUT,
+                ARG_ALLOW_UID,
+                ARG_ALLOW_GID,
+                ARG_HTTP_LISTEN,
+                ARG_HTTP_CONFIG,
+                ARG_CONFIG,
+                ARG_BUS,
+                ARG_LOG_LEVEL,
+                ARG_DEVICE,
+                ARG_CONTEXT_LENGTH,
+                ARG_STOP_TIMEOUT,
         };
-        static const struct option options[] = {
-                { "help", no_argument, NULL, 'h' },
-                { "version", no_argument, NULL, ARG_VERSION },
-                { "model", required_argument, NULL, ARG_MODEL },
-                { "generate", required_argument, NULL, ARG_GENERATE },
-                { "max-tokens", required_argument, NULL, ARG_MAX_TOKENS },
-                { "temperature", required_argument, NULL, ARG_TEMPERATURE },
-                { "top-k", required_argument, NULL, ARG_TOP_K },
-                { "top-p", required_argument, NULL, ARG_TOP_P },
-                { "seed", required_argument, NULL, ARG_SEED },
-                { "chat", no_argument, NULL, ARG_CHAT },
-                { "backend", required_argument, NULL, ARG_BACKEND },
-                { "quantize-at-load", no_argument, NULL, ARG_QUANTIZE },
-                { "threads", required_argument, NULL, ARG_THREADS },
-                { "kv-bytes", required_argument, NULL, ARG_KV_BYTES },
-                { "socket", required_argument, NULL, ARG_SOCKET },
-                { "max-batch", required_argument, NULL, ARG_MAX_BATCH },
-                { "step-tokens", required_argument, NULL, ARG_STEP_TOKENS },
-                { "queue", required_argument, NULL, ARG_QUEUE },
-                { "max-clients", required_argument, NULL, ARG_MAX_CLIENTS },
-                { "max-requests", required_argument, NULL, ARG_MAX_REQUESTS },
-                { "client-buffer", required_argument, NULL, ARG_CLIENT_BUFFER },
-                { "slow-timeout-ms", required_argument, NULL, ARG_SLOW_TIMEOUT },
-                { "allow-uid", required_argument, NULL, ARG_ALLOW_UID },
-                { "allow-gid", required_argument, NULL, ARG_ALLOW_GID },
-                { "http-listen", required_argument, NULL, ARG_HTTP_LISTEN },
-                { "http-config", required_argument, NULL, ARG_HTTP_CONFIG },
-                { "config", required_argument, NULL, ARG_CONFIG },
-                { "bus", required_argument, NULL, ARG_BUS },
-                { "log-level", required_argument, NULL, ARG_LOG_LEVEL },
-                { "device", required_argument, NULL, ARG_DEVICE },
-                { "context-length", required_argument, NULL, ARG_CONTEXT_LENGTH },
-                { "stop-timeout-sec", required_argument, NULL, ARG_STOP_TIMEOUT },
-                {}
-        };
+        static const struct option options[] = {{"help", no_argument, NULL, 'h'},
+                {"version", no_argument, NULL, ARG_VERSION},
+                {"model", required_argument, NULL, ARG_MODEL},
+                {"generate", required_argument, NULL, ARG_GENERATE},
+                {"max-tokens", required_argument, NULL, ARG_MAX_TOKENS},
+                {"temperature", required_argument, NULL, ARG_TEMPERATURE},
+                {"top-k", required_argument, NULL, ARG_TOP_K},
+                {"top-p", required_argument, NULL, ARG_TOP_P},
+                {"seed", required_argument, NULL, ARG_SEED}, {"chat", no_argument, NULL, ARG_CHAT},
+                {"backend", required_argument, NULL, ARG_BACKEND},
+                {"quantize-at-load", no_argument, NULL, ARG_QUANTIZE},
+                {"threads", required_argument, NULL, ARG_THREADS},
+                {"kv-bytes", required_argument, NULL, ARG_KV_BYTES},
+                {"socket", required_argument, NULL, ARG_SOCKET},
+                {"max-batch", required_argument, NULL, ARG_MAX_BATCH},
+                {"step-tokens", required_argument, NULL, ARG_STEP_TOKENS},
+                {"queue", required_argument, NULL, ARG_QUEUE},
+                {"max-clients", required_argument, NULL, ARG_MAX_CLIENTS},
+                {"max-requests", required_argument, NULL, ARG_MAX_REQUESTS},
+                {"client-buffer", required_argument, NULL, ARG_CLIENT_BUFFER},
+                {"slow-timeout-ms", required_argument, NULL, ARG_SLOW_TIMEOUT},
+                {"allow-uid", required_argument, NULL, ARG_ALLOW_UID},
+                {"allow-gid", required_argument, NULL, ARG_ALLOW_GID},
+                {"http-listen", required_argument, NULL, ARG_HTTP_LISTEN},
+                {"http-config", required_argument, NULL, ARG_HTTP_CONFIG},
+                {"config", required_argument, NULL, ARG_CONFIG},
+                {"bus", required_argument, NULL, ARG_BUS},
+                {"log-level", required_argument, NULL, ARG_LOG_LEVEL},
+                {"device", required_argument, NULL, ARG_DEVICE},
+                {"context-length", required_argument, NULL, ARG_CONTEXT_LENGTH},
+                {"stop-timeout-sec", required_argument, NULL, ARG_STOP_TIMEOUT}, {}};
         uint32_t seed32;
         int c;
 
@@ -277,8 +300,8 @@ static int parse_argv(int argc, char **argv)
                         r = add_override("--max-requests", "limits.client_max_requests", optarg);
                         break;
                 case ARG_CLIENT_BUFFER:
-                        r = add_override("--client-buffer", "limits.client_max_pending_events",
-                                optarg);
+                        r = add_override(
+                                "--client-buffer", "limits.client_max_pending_events", optarg);
                         break;
                 case ARG_SLOW_TIMEOUT:
                         r = parse_u32("--slow-timeout-ms", optarg, &arg_service.slow_timeout_ms);
@@ -324,11 +347,11 @@ static int parse_argv(int argc, char **argv)
                 fprintf(stderr, "dsd: --generate needs --model DIR (see --help)\n");
                 return -EINVAL;
         }
-        if (arg_allow_uids[0] && add_override("--allow-uid", "socket.allowed_uids",
-                                         arg_allow_uids) < 0)
+        if (arg_allow_uids[0] &&
+                add_override("--allow-uid", "socket.allowed_uids", arg_allow_uids) < 0)
                 return -E2BIG;
-        if (arg_allow_gids[0] && add_override("--allow-gid", "socket.allowed_gids",
-                                         arg_allow_gids) < 0)
+        if (arg_allow_gids[0] &&
+                add_override("--allow-gid", "socket.allowed_gids", arg_allow_gids) < 0)
                 return -E2BIG;
         return 0;
 }
@@ -401,13 +424,14 @@ int main(int argc, char **argv)
         }
         GenParams gp = {
                 .max_tokens = arg_max_tokens,
-                .sampling = {
-                        .temperature = arg_temperature,
-                        .top_k = arg_top_k,
-                        .top_p = arg_top_p,
-                        .repetition_penalty = 1.0f,
-                        .seed = arg_seed,
-                },
+                .sampling =
+                        {
+                                .temperature = arg_temperature,
+                                .top_k = arg_top_k,
+                                .top_p = arg_top_p,
+                                .repetition_penalty = 1.0f,
+                                .seed = arg_seed,
+                        },
                 .chat = arg_chat,
         };
         r = engine_generate(e, arg_generate, &gp, emit_stdout, NULL, &res, &err);

@@ -43,8 +43,8 @@ typedef struct ServerOptions {
         uint32_t data_size;            /* data area bytes; also bounds socket-mode frames */
         uint32_t max_queue;            /* the engine's queue bound, for the welcome */
         const struct HttpConfig *http; /* NULL or listen "": no HTTP listener */
-        int listen_fd;          /* inherited from systemd (sd_listen_fds), or -1: bind */
-        uint64_t stop_drain_usec; /* SIGTERM: requests get this long to finish */
+        int listen_fd;                 /* inherited from systemd (sd_listen_fds), or -1: bind */
+        uint64_t stop_drain_usec;      /* SIGTERM: requests get this long to finish */
 } ServerOptions;
 
 /* What the daemon around the server does on the I/O thread. Every hook is optional. */

@@ -62,14 +62,14 @@ typedef struct IoOp {
  * request's userdata and holds a reference on its session. */
 struct Request {
         Session *session;
-        uint64_t client_id;     /* the client's hdr.request_id */
-        uint64_t id;            /* daemon-wide, SchedRequest.id */
-        uint64_t last_token_ns; /* the previous token's publish time, for the metrics */
-        uint64_t prev_token_ns; /* the same, for the inter-token latency ring (GetStats) */
+        uint64_t client_id;      /* the client's hdr.request_id */
+        uint64_t id;             /* daemon-wide, SchedRequest.id */
+        uint64_t last_token_ns;  /* the previous token's publish time, for the metrics */
+        uint64_t prev_token_ns;  /* the same, for the inter-token latency ring (GetStats) */
         struct EngineLoop *loop; /* the engine loop it runs on: the model it started on */
-        bool answered;          /* the client got its last event already (failed as too slow):
-                                 * the engine's remaining events for it are dropped */
-        Request *prev, *next;   /* the session's list */
+        bool answered;           /* the client got its last event already (failed as too slow):
+                                  * the engine's remaining events for it are dropped */
+        Request *prev, *next;    /* the session's list */
 };
 
 /* Per-client bounds, copied from the server's options. */
@@ -82,16 +82,16 @@ typedef struct SessionLimits {
 struct Session {
         unsigned n_ref;
         SessionState state;
-        uint32_t key;      /* SchedRequest.client: unique for the daemon's life */
-        int fd;            /* the connection, non-blocking */
-        int doorbell_fd;   /* ring mode: the eventfd the client writes, else -EBADF */
-        int notify_fd;     /* ring mode: the eventfd we write for a client that polls */
-        struct ucred cred; /* SO_PEERCRED at accept */
-        char name[32];     /* from the hello, for logs */
-        char comm[16];     /* /proc/PID/comm at accept, for ListClients() */
+        uint32_t key;            /* SchedRequest.client: unique for the daemon's life */
+        int fd;                  /* the connection, non-blocking */
+        int doorbell_fd;         /* ring mode: the eventfd the client writes, else -EBADF */
+        int notify_fd;           /* ring mode: the eventfd we write for a client that polls */
+        struct ucred cred;       /* SO_PEERCRED at accept */
+        char name[32];           /* from the hello, for logs */
+        char comm[16];           /* /proc/PID/comm at accept, for ListClients() */
         uint64_t requests_total; /* admitted */
         uint64_t tokens_total;   /* prompt plus generated, of finished requests */
-        bool allowed;      /* the credential check passed at accept */
+        bool allowed;            /* the credential check passed at accept */
         SessionLimits lim;
 
         /* Ring mode. The layout is our copy; the segment's header is never read back. */

@@ -35,12 +35,12 @@ typedef enum BkLinearKind {
 typedef struct BkLinear {
         BkLinearKind kind;
         uint32_t in, out;
-        BkTensor w;               /* DENSE: [out][in] */
-        const uint32_t *qweight;  /* AWQ: [in][out/8], nibble order REV = 0,4,1,5,2,6,3,7 */
-        const uint32_t *qzeros;   /* AWQ: [in/group_size][out/8], same packing */
-        const uint16_t *scales;   /* AWQ: [in/group_size][out], IEEE fp16 */
-        uint32_t group_size;      /* AWQ: 32, 64 or 128 */
-        BkTensor bias;            /* [out], data NULL when the layer has none */
+        BkTensor w;              /* DENSE: [out][in] */
+        const uint32_t *qweight; /* AWQ: [in][out/8], nibble order REV = 0,4,1,5,2,6,3,7 */
+        const uint32_t *qzeros;  /* AWQ: [in/group_size][out/8], same packing */
+        const uint16_t *scales;  /* AWQ: [in/group_size][out], IEEE fp16 */
+        uint32_t group_size;     /* AWQ: 32, 64 or 128 */
+        BkTensor bias;           /* [out], data NULL when the layer has none */
 } BkLinear;
 
 typedef enum BkArch {
@@ -61,14 +61,14 @@ typedef enum BkRopeType {
 typedef struct BkRope {
         BkRopeType type;
         float theta;
-        float factor;              /* LLAMA3, YARN */
-        float low_freq_factor;     /* LLAMA3 */
-        float high_freq_factor;    /* LLAMA3 */
-        uint32_t original_max_pos; /* LLAMA3, YARN */
+        float factor;               /* LLAMA3, YARN */
+        float low_freq_factor;      /* LLAMA3 */
+        float high_freq_factor;     /* LLAMA3 */
+        uint32_t original_max_pos;  /* LLAMA3, YARN */
         float beta_fast, beta_slow; /* YARN */
-        float attention_factor;    /* YARN: multiplies cos and sin */
-        float mscale;              /* YARN, DeepSeek: 0 when absent */
-        float mscale_all_dim;      /* YARN, DeepSeek: 0 when absent; also scales the softmax */
+        float attention_factor;     /* YARN: multiplies cos and sin */
+        float mscale;               /* YARN, DeepSeek: 0 when absent */
+        float mscale_all_dim;       /* YARN, DeepSeek: 0 when absent; also scales the softmax */
 } BkRope;
 
 /* Multi-head latent attention (DeepSeek-V2/V3), P = qk_nope_dim, R = qk_rope_dim. Keys and
@@ -156,12 +156,12 @@ typedef struct BkMoe {
 } BkMoe;
 
 typedef struct BkLayer {
-        BkTensor attn_norm; /* [hidden] */
-        BkLinear q, k, v, o; /* MLA: q is q_proj (without q LoRA) or unused; k, v unused */
-        BkTensor mlp_norm;  /* [hidden] */
+        BkTensor attn_norm;      /* [hidden] */
+        BkLinear q, k, v, o;     /* MLA: q is q_proj (without q LoRA) or unused; k, v unused */
+        BkTensor mlp_norm;       /* [hidden] */
         BkLinear gate, up, down; /* the dense MLP; unused in a MoE layer */
-        BkMla mla;          /* DeepSeek only */
-        BkMoe moe;          /* DeepSeek MoE layers only */
+        BkMla mla;               /* DeepSeek only */
+        BkMoe moe;               /* DeepSeek MoE layers only */
 } BkLayer;
 
 typedef struct BkModel {
@@ -188,19 +188,19 @@ typedef struct BkSampling {
 
 /* One sequence's part of a step: a prefill chunk or one decode token. */
 typedef struct BkSeq {
-        const int32_t *tokens;      /* [n_tokens] fed at positions pos .. pos+n_tokens-1 */
+        const int32_t *tokens; /* [n_tokens] fed at positions pos .. pos+n_tokens-1 */
         uint32_t n_tokens;
         uint32_t pos;
-        const uint32_t *blocks;     /* KV block ids covering positions 0 .. pos+n_tokens-1 */
+        const uint32_t *blocks; /* KV block ids covering positions 0 .. pos+n_tokens-1 */
         uint32_t n_blocks;
-        bool sample;                /* sample after the last token of this chunk */
+        bool sample; /* sample after the last token of this chunk */
         BkSampling sampling;
-        const int32_t *history;     /* ids the penalties count (prompt and output so far) */
+        const int32_t *history; /* ids the penalties count (prompt and output so far) */
         uint32_t n_history;
-        uint64_t draw;              /* the request's draw counter: its n-th sampled token */
-        float *logits;              /* optional out: [n_tokens][vocab_size], or NULL */
-        float *sample_logits;       /* optional out: [vocab_size] the raw logits of the row
-                                     * sampled from (for logprobs), or NULL; only with sample */
+        uint64_t draw;        /* the request's draw counter: its n-th sampled token */
+        float *logits;        /* optional out: [n_tokens][vocab_size], or NULL */
+        float *sample_logits; /* optional out: [vocab_size] the raw logits of the row
+                               * sampled from (for logprobs), or NULL; only with sample */
 } BkSeq;
 
 typedef struct BkOptions {
@@ -219,15 +219,13 @@ typedef struct BackendOps {
         int (*load)(Backend *b, const BkModel *model, DsError *err);
         /* Sizes the KV cache to at most mem_bytes in blocks of block_tokens positions;
          * returns the number of blocks (>0) or a negative code. Drops any earlier cache. */
-        int64_t (*kv_init)(Backend *b, uint32_t block_tokens, uint64_t mem_bytes,
-                DsError *err);
+        int64_t (*kv_init)(Backend *b, uint32_t block_tokens, uint64_t mem_bytes, DsError *err);
         /* Bytes of KV cache one position of one sequence takes, all layers together. */
         uint64_t (*kv_bytes_per_token)(const Backend *b);
         /* Runs one forward step. ret_ids[i] gets the sampled id of seqs[i], or -1 when
          * seqs[i].sample is false. Each sequence's logits and sample are bit-identical
          * whatever else is in the batch. */
-        int (*step)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
-                DsError *err);
+        int (*step)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids, DsError *err);
         void (*free)(Backend *b);
 } BackendOps;
 
@@ -240,6 +238,5 @@ const BackendOps *backend_find(const char *name);
 /* Shared by every backend: one sampling decision from a row of float32 logits, computed
  * on the host in the CPU backend and mirrored on the device by the CUDA one. scratch
  * holds vocab floats and vocab ints. Returns the chosen id. */
-int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s,
-        const int32_t *history, uint32_t n_history, uint64_t draw, float *scratch_f,
-        int32_t *scratch_i);
+int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, const int32_t *history,
+        uint32_t n_history, uint64_t draw, float *scratch_f, int32_t *scratch_i);

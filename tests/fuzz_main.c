@@ -40,7 +40,7 @@ static void add_file(const char *path)
         inputs = realloc(inputs, (n_inputs + 1) * sizeof(*inputs));
         if (!inputs)
                 exit(1);
-        inputs[n_inputs++] = (Input) { buf, (size_t) size };
+        inputs[n_inputs++] = (Input){buf, (size_t) size};
 }
 
 static void add_path(const char *path)
@@ -95,8 +95,8 @@ static size_t mutate(const Input *in, uint8_t *out, size_t cap)
                         break;
                 case 2: /* overwrite a byte with an interesting value */
                         if (n) {
-                                static const uint8_t vals[] = { 0, 0xff, 0x7f, 0x80, '"', '{',
-                                        '}', '[', ']', ',', ':', '\\', '9', '-' };
+                                static const uint8_t vals[] = {0, 0xff, 0x7f, 0x80, '"', '{', '}',
+                                        '[', ']', ',', ':', '\\', '9', '-'};
                                 out[rng() % n] = vals[rng() % sizeof(vals)];
                         }
                         break;

@@ -46,8 +46,9 @@ int http_auth_load(HttpAuth *a, const char *path, DsError *err)
                         AUTH_TOKEN_MAX);
         for (size_t i = 0; i < n; i++)
                 if ((unsigned char) s[i] <= 0x20 || (unsigned char) s[i] >= 0x7f)
-                        return ds_error(err, -EINVAL, "token file '%s' holds a byte that is "
-                                                      "not printable ASCII (offset %zu)",
+                        return ds_error(err, -EINVAL,
+                                "token file '%s' holds a byte that is "
+                                "not printable ASCII (offset %zu)",
                                 path, i);
         char *t = strndup(s, n);
         explicit_bzero(buf, sizeof(buf));
@@ -64,7 +65,7 @@ void http_auth_clear(HttpAuth *a)
         if (a->token)
                 explicit_bzero(a->token, a->len);
         free(a->token);
-        *a = (HttpAuth) {};
+        *a = (HttpAuth){};
 }
 
 bool http_auth_check(const HttpAuth *a, const char *authorization)

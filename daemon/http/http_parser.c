@@ -25,7 +25,7 @@ struct HttpParser {
         bool started;
 
         /* The head as received, then split in place into NUL-terminated strings. */
-        char *head;        /* (lim.max_head_bytes + 1) */
+        char *head; /* (lim.max_head_bytes + 1) */
         uint32_t head_len;
         uint32_t line_len; /* bytes of the current line so far, its LF excluded */
         uint32_t n_lines;  /* complete lines of the head, the request line included */
@@ -34,9 +34,9 @@ struct HttpParser {
         uint32_t n_empty;  /* leading empty lines skipped */
         char prev;         /* the byte before this one in the head */
 
-        char *path;        /* (lim.max_target_bytes + 1) */
+        char *path; /* (lim.max_target_bytes + 1) */
 
-        uint8_t *body;     /* (body_cap) */
+        uint8_t *body; /* (body_cap) */
         uint64_t body_cap;
         uint64_t body_got;
 
@@ -47,7 +47,7 @@ struct HttpParser {
 
 void http_limits_init(HttpLimits *l)
 {
-        *l = (HttpLimits) {
+        *l = (HttpLimits){
                 .max_head_bytes = 16u * 1024u,
                 .max_target_bytes = 8u * 1024u,
                 .max_headers = HTTP_HEADERS_MAX,
@@ -107,7 +107,7 @@ void http_parser_reset(HttpParser *p)
         p->head_len = p->line_len = p->n_lines = p->n_spaces = p->part_len = p->n_empty = 0;
         p->prev = 0;
         p->body_got = 0;
-        p->req = (HttpRequest) {};
+        p->req = (HttpRequest){};
         p->status = 0;
         p->error = NULL;
 }
@@ -209,7 +209,7 @@ static HttpParseState parse_request_line(HttpParser *p, char *line)
         static const struct {
                 const char *name;
                 HttpMethod m;
-        } methods[] = { { "GET", HTTP_GET }, { "HEAD", HTTP_HEAD }, { "POST", HTTP_POST } };
+        } methods[] = {{"GET", HTTP_GET}, {"HEAD", HTTP_HEAD}, {"POST", HTTP_POST}};
         char *sp1 = strchr(line, ' ');
         char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
 
@@ -275,7 +275,7 @@ static HttpParseState parse_header(HttpParser *p, char *line)
                 v[--n] = 0;
 
         assert(p->req.n_headers < p->lim.max_headers);
-        p->req.headers[p->req.n_headers++] = (HttpHeader) { .name = line, .value = v };
+        p->req.headers[p->req.n_headers++] = (HttpHeader){.name = line, .value = v};
         return HTTP_PARSE_MORE;
 }
 
@@ -333,8 +333,9 @@ static HttpParseState parse_head(HttpParser *p)
                 if (have_length)
                         return fail(p, 400, "both Transfer-Encoding and Content-Length");
                 if (http_token_list_has(te, "chunked"))
-                        return fail(p, 411, "chunked request bodies are not accepted; send "
-                                            "Content-Length");
+                        return fail(p, 411,
+                                "chunked request bodies are not accepted; send "
+                                "Content-Length");
                 return fail(p, 501, "transfer coding not implemented");
         }
         if (p->req.method == HTTP_POST && !have_length)
@@ -417,8 +418,7 @@ static HttpParseState head_byte(HttpParser *p, char c)
         return HTTP_PARSE_MORE;
 }
 
-HttpParseState http_parser_feed(HttpParser *p, const uint8_t *buf, size_t len,
-        size_t *ret_consumed)
+HttpParseState http_parser_feed(HttpParser *p, const uint8_t *buf, size_t len, size_t *ret_consumed)
 {
         size_t i = 0;
         HttpParseState st = HTTP_PARSE_MORE;
@@ -460,25 +460,45 @@ HttpParseState http_parser_feed(HttpParser *p, const uint8_t *buf, size_t len,
 const char *http_status_reason(int status)
 {
         switch (status) {
-        case 100: return "Continue";
-        case 200: return "OK";
-        case 204: return "No Content";
-        case 400: return "Bad Request";
-        case 401: return "Unauthorized";
-        case 404: return "Not Found";
-        case 405: return "Method Not Allowed";
-        case 408: return "Request Timeout";
-        case 411: return "Length Required";
-        case 413: return "Content Too Large";
-        case 414: return "URI Too Long";
-        case 415: return "Unsupported Media Type";
-        case 417: return "Expectation Failed";
-        case 429: return "Too Many Requests";
-        case 431: return "Request Header Fields Too Large";
-        case 500: return "Internal Server Error";
-        case 501: return "Not Implemented";
-        case 503: return "Service Unavailable";
-        case 505: return "HTTP Version Not Supported";
-        default: return "";
+        case 100:
+                return "Continue";
+        case 200:
+                return "OK";
+        case 204:
+                return "No Content";
+        case 400:
+                return "Bad Request";
+        case 401:
+                return "Unauthorized";
+        case 404:
+                return "Not Found";
+        case 405:
+                return "Method Not Allowed";
+        case 408:
+                return "Request Timeout";
+        case 411:
+                return "Length Required";
+        case 413:
+                return "Content Too Large";
+        case 414:
+                return "URI Too Long";
+        case 415:
+                return "Unsupported Media Type";
+        case 417:
+                return "Expectation Failed";
+        case 429:
+                return "Too Many Requests";
+        case 431:
+                return "Request Header Fields Too Large";
+        case 500:
+                return "Internal Server Error";
+        case 501:
+                return "Not Implemented";
+        case 503:
+                return "Service Unavailable";
+        case 505:
+                return "HTTP Version Not Supported";
+        default:
+                return "";
         }
 }

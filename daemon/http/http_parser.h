@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define HTTP_HEAD_MAX_LIMIT (64u * 1024u) /* the largest max_head_bytes accepted */
-#define HTTP_HEADERS_MAX 64u              /* the largest max_headers accepted */
+#define HTTP_HEADERS_MAX    64u           /* the largest max_headers accepted */
 
 typedef struct HttpLimits {
         uint32_t max_head_bytes;   /* request line and headers, CRLFs included */
@@ -50,8 +50,8 @@ typedef struct HttpHeader {
  * http_parser_reset() or http_parser_free(). */
 typedef struct HttpRequest {
         HttpMethod method;
-        const char *target;   /* origin-form: starts with '/' */
-        const char *path;     /* target without the query, in a copy of its own */
+        const char *target;     /* origin-form: starts with '/' */
+        const char *path;       /* target without the query, in a copy of its own */
         unsigned version_minor; /* 0 or 1 */
         HttpHeader headers[HTTP_HEADERS_MAX];
         uint32_t n_headers;
@@ -79,8 +79,8 @@ HttpParser *http_parser_free(HttpParser *p);
  * *ret_consumed counts the bytes taken; after DONE the rest belongs to the next request.
  * HEAD is returned once per request, right after the head, whether or not more bytes
  * were given. After DONE or ERROR nothing more is consumed until http_parser_reset(). */
-HttpParseState http_parser_feed(HttpParser *p, const uint8_t *buf, size_t len,
-        size_t *ret_consumed);
+HttpParseState http_parser_feed(
+        HttpParser *p, const uint8_t *buf, size_t len, size_t *ret_consumed);
 
 /* Ready for the next request on the same connection. Keeps the buffers. */
 void http_parser_reset(HttpParser *p);

@@ -22,7 +22,7 @@
 #include "session.h"
 #include "strbuf.h"
 
-#define HTTP_IN_BUF 16384u
+#define HTTP_IN_BUF    16384u
 #define HTTP_TICK_NSEC 100000000ll /* timeouts are checked ten times a second */
 
 typedef enum HttpOpKind {
@@ -47,14 +47,14 @@ typedef struct HttpOp {
  * client leaves: it is freed with the request's last event. */
 struct HttpGen {
         HttpListener *h;
-        HttpConn *conn;       /* NULL once the connection is gone */
+        HttpConn *conn; /* NULL once the connection is gone */
         uint64_t id;
         OaiRequest *req;
         OaiResponse resp;
         char resp_id[40];
-        bool split;           /* reasoning_content apart from content */
+        bool split; /* reasoning_content apart from content */
         ThinkSplit think;
-        bool started;         /* streaming: the response head and role chunk were sent */
+        bool started;              /* streaming: the response head and role chunk were sent */
         StrBuf content, reasoning; /* non-streaming: all of it; streaming: this event's */
         OaiLogprobs lp;
         uint32_t prompt_tokens;
@@ -63,21 +63,21 @@ struct HttpGen {
 
 struct HttpConn {
         HttpListener *h;
-        unsigned n_ref;       /* the list's and each armed operation's */
+        unsigned n_ref; /* the list's and each armed operation's */
         int fd;
         uint32_t key;
         bool closed;
-        bool close_after;     /* close once the output is sent */
+        bool close_after; /* close once the output is sent */
         HttpParser *parser;
         uint8_t in[HTTP_IN_BUF];
         size_t in_len;
-        StrBuf out;           /* being filled */
-        StrBuf sending;       /* handed to the kernel: never touched while op_write is armed */
+        StrBuf out;     /* being filled */
+        StrBuf sending; /* handed to the kernel: never touched while op_write is armed */
         size_t sent;
-        uint64_t deadline;    /* µs: closed when reached with no request being answered */
-        bool keep_alive;      /* of the request being answered */
-        bool head_only;       /* a HEAD request: headers only */
-        bool in_request;      /* bytes of a request arrived: the request timeout runs */
+        uint64_t deadline; /* µs: closed when reached with no request being answered */
+        bool keep_alive;   /* of the request being answered */
+        bool head_only;    /* a HEAD request: headers only */
+        bool in_request;   /* bytes of a request arrived: the request timeout runs */
         HttpGen *gen;
         HttpOp op_read, op_write;
         HttpConn *prev, *next;
@@ -113,7 +113,7 @@ struct HttpListener {
 
 void http_config_init(HttpConfig *c)
 {
-        *c = (HttpConfig) {
+        *c = (HttpConfig){
                 .max_connections = 64,
                 .request_timeout_ms = 10000,
                 .idle_timeout_ms = 60000,
@@ -122,30 +122,30 @@ void http_config_init(HttpConfig *c)
         http_limits_init(&c->limits);
 }
 
-static int config_uint(const cJSON *o, const char *name, uint64_t lo, uint64_t hi,
-        uint64_t *ret, DsError *err)
+static int config_uint(
+        const cJSON *o, const char *name, uint64_t lo, uint64_t hi, uint64_t *ret, DsError *err)
 {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
         if (!f || cJSON_IsNull(f))
                 return 0;
         if (!cJSON_IsNumber(f) || f->valuedouble != (double) (uint64_t) f->valuedouble ||
                 f->valuedouble < (double) lo || f->valuedouble > (double) hi)
-                return ds_error(err, -EINVAL, "field 'http.%s' must be an integer from %" PRIu64
-                                              " to %" PRIu64,
-                        name, lo, hi);
+                return ds_error(err, -EINVAL,
+                        "field 'http.%s' must be an integer from %" PRIu64 " to %" PRIu64, name, lo,
+                        hi);
         *ret = (uint64_t) f->valuedouble;
         return 0;
 }
 
-static int config_string(const cJSON *o, const char *name, char *buf, size_t size,
-        DsError *err)
+static int config_string(const cJSON *o, const char *name, char *buf, size_t size, DsError *err)
 {
         const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, name);
         if (!f || cJSON_IsNull(f))
                 return 0;
         if (!cJSON_IsString(f) || strlen(f->valuestring) >= size)
-                return ds_error(err, -EINVAL, "field 'http.%s' must be a string of at most %zu "
-                                              "bytes",
+                return ds_error(err, -EINVAL,
+                        "field 'http.%s' must be a string of at most %zu "
+                        "bytes",
                         name, size - 1);
         strcpy(buf, f->valuestring);
         return 0;
@@ -163,8 +163,8 @@ int http_config_parse(const cJSON *o, HttpConfig *ret, DsError *err)
                 return ds_error(err, -EINVAL, "field 'http' must be an object");
         r = config_string(o, "listen", c.listen, sizeof(c.listen), err);
         if (r >= 0)
-                r = config_string(o, "auth_token_file", c.auth_token_file,
-                        sizeof(c.auth_token_file), err);
+                r = config_string(
+                        o, "auth_token_file", c.auth_token_file, sizeof(c.auth_token_file), err);
         if (r < 0)
                 return r;
 #define U(name, lo, hi, field)                                                                     \
@@ -173,7 +173,7 @@ int http_config_parse(const cJSON *o, HttpConfig *ret, DsError *err)
                 r = config_uint(o, name, lo, hi, &v, err);                                         \
                 if (r < 0)                                                                         \
                         return r;                                                                  \
-                (field) = v;                                                               \
+                (field) = v;                                                                       \
         } while (0)
         U("max_connections", 1, 65536, c.max_connections);
         U("request_timeout_ms", 100, 3600000, c.request_timeout_ms);
@@ -223,7 +223,7 @@ static void cancel(HttpListener *h, HttpOp *op)
 
 static void op_init(HttpOp *op, HttpOpKind kind, HttpConn *c)
 {
-        *op = (HttpOp) { .io = { .kind = IO_HTTP }, .kind = kind, .conn = c };
+        *op = (HttpOp){.io = {.kind = IO_HTTP}, .kind = kind, .conn = c};
 }
 
 static int arm_accept(HttpListener *h)
@@ -231,8 +231,7 @@ static int arm_accept(HttpListener *h)
         struct io_uring_sqe *sqe = get_sqe(h);
         if (!sqe)
                 return -EBUSY;
-        io_uring_prep_multishot_accept(sqe, h->listen_fd, NULL, NULL,
-                SOCK_NONBLOCK | SOCK_CLOEXEC);
+        io_uring_prep_multishot_accept(sqe, h->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         arm(h, &h->op_accept, sqe);
         return 0;
 }
@@ -242,7 +241,7 @@ static int arm_tick(HttpListener *h)
         struct io_uring_sqe *sqe = get_sqe(h);
         if (!sqe)
                 return -EBUSY;
-        h->tick = (struct __kernel_timespec) { .tv_nsec = HTTP_TICK_NSEC };
+        h->tick = (struct __kernel_timespec){.tv_nsec = HTTP_TICK_NSEC};
         io_uring_prep_timeout(sqe, &h->tick, 0, 0);
         arm(h, &h->op_tick, sqe);
         return 0;
@@ -282,8 +281,8 @@ static void flush(HttpConn *c)
         struct io_uring_sqe *sqe = get_sqe(c->h);
         if (!sqe)
                 return conn_close(c, "no submission entry");
-        io_uring_prep_send(sqe, c->fd, c->sending.data + c->sent, c->sending.len - c->sent,
-                MSG_NOSIGNAL);
+        io_uring_prep_send(
+                sqe, c->fd, c->sending.data + c->sent, c->sending.len - c->sent, MSG_NOSIGNAL);
         arm(c->h, &c->op_write, sqe);
 }
 
@@ -369,17 +368,17 @@ static void respond_json(HttpConn *c, int status, const StrBuf *b)
 static void respond_error(HttpConn *c, const OaiError *e)
 {
         StrBuf b = {};
-        const char *extra = e->status == 401 ? "WWW-Authenticate: Bearer\r\n"
-                          : e->status == 429 || e->status == 503 ? "Retry-After: 1\r\n"
-                                                                  : NULL;
+        const char *extra = e->status == 401                       ? "WWW-Authenticate: Bearer\r\n"
+                            : e->status == 429 || e->status == 503 ? "Retry-After: 1\r\n"
+                                                                   : NULL;
         if (oai_error_json(&b, e) < 0)
                 return strbuf_free(&b), conn_close(c, "out of memory");
         respond(c, e->status, "application/json", b.data, b.len, extra);
         strbuf_free(&b);
 }
 
-static void respond_status(HttpConn *c, int status, const char *param, const char *fmt,
-        const char *msg)
+static void respond_status(
+        HttpConn *c, int status, const char *param, const char *fmt, const char *msg)
 {
         OaiError e;
         oai_error(&e, status, param, fmt, msg);
@@ -395,7 +394,7 @@ static int token_text(HttpListener *h, int32_t id, char **ret, size_t *ret_len)
 
 static int add_logprobs(HttpGen *g, const SchedEvent *ev)
 {
-        OaiLogprobEntry s = { .logprob = ev->sampled.logprob }, top[SCHED_TOP_LOGPROBS_MAX];
+        OaiLogprobEntry s = {.logprob = ev->sampled.logprob}, top[SCHED_TOP_LOGPROBS_MAX];
         char *texts[SCHED_TOP_LOGPROBS_MAX + 1] = {};
         uint32_t n = MIN(ev->n_top, g->req->top_logprobs);
         int r;
@@ -439,8 +438,8 @@ static int stream_start(HttpConn *c, HttpGen *g)
                                  "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n");
         r = r ?: strbuf_puts(&c->out, c->keep_alive ? "\r\n" : "Connection: close\r\n\r\n");
         if (r >= 0 && g->req->kind == OAI_CHAT) {
-                r = oai_stream_chunk(&ev, &g->resp, true, "", 0, NULL, 0, NULL, NULL,
-                        g->req->include_usage);
+                r = oai_stream_chunk(
+                        &ev, &g->resp, true, "", 0, NULL, 0, NULL, NULL, g->req->include_usage);
                 r = r ?: sse(c, &ev);
         }
         strbuf_free(&ev);
@@ -457,9 +456,8 @@ static int stream_delta(HttpConn *c, HttpGen *g, const char *finish)
         if (has_content || has_reasoning || g->lp.n > 0 || finish) {
                 r = oai_stream_chunk(&ev, &g->resp, false,
                         has_content || !has_reasoning ? (g->content.data ?: "") : NULL,
-                        g->content.len, has_reasoning ? g->reasoning.data : NULL,
-                        g->reasoning.len, g->lp.n ? &g->lp : NULL, finish,
-                        g->req->include_usage);
+                        g->content.len, has_reasoning ? g->reasoning.data : NULL, g->reasoning.len,
+                        g->lp.n ? &g->lp : NULL, finish, g->req->include_usage);
                 r = r ?: sse(c, &ev);
         }
         strbuf_free(&ev);
@@ -475,7 +473,7 @@ static void conn_unref(HttpConn *c);
 static void gen_finish(HttpConn *c, HttpGen *g, const SchedEvent *ev)
 {
         const char *finish = oai_finish_reason(ev->finish);
-        OaiUsage usage = { ev->usage.prompt_tokens, ev->usage.generated_tokens };
+        OaiUsage usage = {ev->usage.prompt_tokens, ev->usage.generated_tokens};
         StrBuf b = {};
         int r = 0;
 
@@ -508,8 +506,8 @@ static void gen_finish(HttpConn *c, HttpGen *g, const SchedEvent *ev)
                 r = r ?: sse(c, &b);
         } else {
                 r = oai_response_json(&b, &g->resp, g->content.data ?: "", g->content.len,
-                        g->split && g->reasoning.len ? g->reasoning.data : NULL,
-                        g->reasoning.len, g->req->logprobs ? &g->lp : NULL, finish, &usage);
+                        g->split && g->reasoning.len ? g->reasoning.data : NULL, g->reasoning.len,
+                        g->req->logprobs ? &g->lp : NULL, finish, &usage);
                 if (r >= 0)
                         respond_json(c, 200, &b);
                 strbuf_free(&b);
@@ -544,8 +542,7 @@ static void gen_event(HttpConn *c, HttpGen *g, const SchedEvent *ev)
                         if (r >= 0)
                                 flush(c);
                         /* A reader that does not keep up is not buffered without bound. */
-                        if (!c->closed &&
-                                c->out.len + c->sending.len > h->cfg.max_output_bytes)
+                        if (!c->closed && c->out.len + c->sending.len > h->cfg.max_output_bytes)
                                 conn_close(c, "the client does not read its stream");
                 }
                 if (r < 0)
@@ -610,8 +607,9 @@ static int encode(HttpListener *h, const OaiRequest *q, int32_t **ret, size_t *r
                 uint32_t n_vocab = tokenizer_n_vocab(tok);
                 for (size_t i = 0; i < q->n_prompt_ids; i++)
                         if ((uint32_t) q->prompt_ids[i] >= n_vocab)
-                                return oai_error(e, 400, "prompt", "'prompt' holds token id %d; "
-                                                                   "the vocabulary has %u",
+                                return oai_error(e, 400, "prompt",
+                                        "'prompt' holds token id %d; "
+                                        "the vocabulary has %u",
                                         q->prompt_ids[i], n_vocab);
                 int32_t *ids = malloc(q->n_prompt_ids * sizeof(int32_t));
                 if (!ids)
@@ -632,8 +630,7 @@ static int encode(HttpListener *h, const OaiRequest *q, int32_t **ret, size_t *r
                 }
         } else if (q->n_messages == 1) {
                 /* As a native chat request: the one text through the same path. */
-                r = engine_encode_prompt(h->engine, q->messages[0].content, true, ret, ret_n,
-                        &err);
+                r = engine_encode_prompt(h->engine, q->messages[0].content, true, ret, ret_n, &err);
         } else {
                 /* No template: the turns joined by blank lines. */
                 StrBuf b = {};
@@ -706,9 +703,8 @@ static void handle_completion(HttpConn *c, const HttpRequest *hr, OaiKind kind)
         g->prompt_tokens = sr->n_prompt;
         snprintf(g->resp_id, sizeof(g->resp_id), "%s-%016" PRIx64,
                 kind == OAI_CHAT ? "chatcmpl" : "cmpl", sr->id & ~HTTP_REQUEST_ID_BIT);
-        g->resp = (OaiResponse) {
-                .kind = kind, .id = g->resp_id, .model = h->model, .created = time(NULL)
-        };
+        g->resp = (OaiResponse){
+                .kind = kind, .id = g->resp_id, .model = h->model, .created = time(NULL)};
         sr->userdata = g;
 
         r = engine_loop_submit(h->loop, &sr, &err);
@@ -751,8 +747,7 @@ static void handle_tokenize(HttpConn *c, const HttpRequest *hr)
         } else if (q->add_special)
                 r = engine_encode_prompt(h->engine, q->prompt, false, &ids, &n, &err);
         else
-                r = tokenizer_encode(h->engine->tok, q->prompt, strlen(q->prompt), &ids, &n,
-                        &err);
+                r = tokenizer_encode(h->engine->tok, q->prompt, strlen(q->prompt), &ids, &n, &err);
         if (r < 0)
                 return respond_status(c, 400, q->messages ? "messages" : "prompt",
                         "cannot tokenize: %s", err.msg);
@@ -829,8 +824,8 @@ static void route(HttpConn *c, const HttpRequest *hr)
         if (strcmp(p, "/health") == 0 && get) {
                 /* Load balancers steer away from a drained daemon as from a stopping one. */
                 if (h->stopping || h->draining)
-                        return respond(c, 503, "application/json", "{\"status\":\"draining\"}",
-                                22, "Retry-After: 1\r\n");
+                        return respond(c, 503, "application/json", "{\"status\":\"draining\"}", 22,
+                                "Retry-After: 1\r\n");
                 return respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
         }
         /* Everything but the health check needs the token when one is configured. */
@@ -858,12 +853,12 @@ static void route(HttpConn *c, const HttpRequest *hr)
                 strbuf_free(&b);
                 return;
         }
-        static const char *const known[] = { "/health", "/metrics", "/v1/models",
-                "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize" };
+        static const char *const known[] = {"/health", "/metrics", "/v1/models",
+                "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
         for (size_t i = 0; i < ELEMENTSOF(known); i++)
                 if (strcmp(p, known[i]) == 0)
-                        return respond_status(c, 405, NULL, "%s not allowed here",
-                                http_method_name(hr->method));
+                        return respond_status(
+                                c, 405, NULL, "%s not allowed here", http_method_name(hr->method));
         respond_status(c, 404, NULL, "No such endpoint: %s", p);
 }
 
@@ -1038,8 +1033,9 @@ static int listen_on(HttpListener *h, const char *addr, DsError *err)
                 struct stat st;
                 if (lstat(path, &st) == 0) {
                         if (!S_ISSOCK(st.st_mode))
-                                return ds_error(err, -EEXIST, "http.listen: '%s' exists and is "
-                                                              "not a socket",
+                                return ds_error(err, -EEXIST,
+                                        "http.listen: '%s' exists and is "
+                                        "not a socket",
                                         path);
                         (void) unlink(path);
                 }
@@ -1050,8 +1046,9 @@ static int listen_on(HttpListener *h, const char *addr, DsError *err)
                 if (addr[0] == '[') {
                         const char *end = strchr(addr, ']');
                         if (!end || end[1] != ':' || (size_t) (end - addr) > sizeof(host))
-                                return ds_error(err, -EINVAL, "http.listen: '%s' is not "
-                                                              "[address]:port",
+                                return ds_error(err, -EINVAL,
+                                        "http.listen: '%s' is not "
+                                        "[address]:port",
                                         addr);
                         snprintf(host, sizeof(host), "%.*s", (int) (end - addr - 1), addr + 1);
                         port = end + 2;
@@ -1079,8 +1076,9 @@ static int listen_on(HttpListener *h, const char *addr, DsError *err)
                         sa.in6.sin6_port = htons((uint16_t) p);
                         len = sizeof(sa.in6);
                 } else
-                        return ds_error(err, -EINVAL, "http.listen: '%s' is not a numeric "
-                                                      "address",
+                        return ds_error(err, -EINVAL,
+                                "http.listen: '%s' is not a numeric "
+                                "address",
                                 host);
         }
         fd = socket(sa.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

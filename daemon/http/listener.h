@@ -29,8 +29,8 @@ typedef struct IoOp IoOp;
 #define HTTP_REQUEST_ID_BIT (UINT64_C(1) << 63)
 
 typedef struct HttpConfig {
-        char listen[PATH_MAX];   /* "" off; "/path" or "unix:/path"; "host:port", "[v6]:port",
-                                  * ":port" or "port" (host 127.0.0.1) */
+        char listen[PATH_MAX]; /* "" off; "/path" or "unix:/path"; "host:port", "[v6]:port",
+                                * ":port" or "port" (host 127.0.0.1) */
         char auth_token_file[PATH_MAX]; /* "" no authentication */
         HttpLimits limits;
         uint32_t max_connections;

@@ -11,11 +11,11 @@
 #include "metrics.h"
 
 /* Bucket bounds in seconds: latencies from a cached-prefix token to a long queue. */
-static const double latency_bounds[] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-        0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320 };
+static const double latency_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+        2.5, 5, 10, 20, 40, 80, 160, 320};
 /* Inter-token latency is a decode step: finer at the low end. */
-static const double itl_bounds[] = { 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075,
-        0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5 };
+static const double itl_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01,
+        0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5};
 #define BUCKETS_MAX ELEMENTSOF(latency_bounds)
 
 typedef struct Histogram {
@@ -30,41 +30,43 @@ static const struct {
         const double *bounds;
         size_t n_bounds;
 } histograms[_METRIC_HISTOGRAM_MAX] = {
-        [METRIC_TTFT] = { "dsd_time_to_first_token_seconds",
+        [METRIC_TTFT] = {"dsd_time_to_first_token_seconds",
                 "Time from receiving a request to its first generated token.", latency_bounds,
-                ELEMENTSOF(latency_bounds) },
-        [METRIC_INTER_TOKEN] = { "dsd_inter_token_latency_seconds",
+                ELEMENTSOF(latency_bounds)},
+        [METRIC_INTER_TOKEN] = {"dsd_inter_token_latency_seconds",
                 "Time between two consecutive tokens of one request.", itl_bounds,
-                ELEMENTSOF(itl_bounds) },
-        [METRIC_E2E] = { "dsd_e2e_request_latency_seconds",
+                ELEMENTSOF(itl_bounds)},
+        [METRIC_E2E] = {"dsd_e2e_request_latency_seconds",
                 "Time from receiving a request to its end.", latency_bounds,
-                ELEMENTSOF(latency_bounds) },
-        [METRIC_QUEUE] = { "dsd_request_queue_time_seconds",
+                ELEMENTSOF(latency_bounds)},
+        [METRIC_QUEUE] = {"dsd_request_queue_time_seconds",
                 "Time a request waited before its first prefill step.", latency_bounds,
-                ELEMENTSOF(latency_bounds) },
+                ELEMENTSOF(latency_bounds)},
 };
 
 static const struct {
         const char *name;
         const char *help;
-} gauges[_METRIC_GAUGE_MAX] = {
-        [METRIC_RUNNING] = { "dsd_requests_running", "Requests admitted to the batch." },
-        [METRIC_WAITING] = { "dsd_requests_waiting", "Requests waiting for admission." },
-        [METRIC_KV_BLOCKS_USED] = { "dsd_kv_cache_blocks_used", "KV-cache blocks in use." },
-        [METRIC_KV_BLOCKS_TOTAL] = { "dsd_kv_cache_blocks_total", "KV-cache blocks in all." },
-        [METRIC_KV_USAGE] = { "dsd_kv_cache_usage_ratio",
-                "Fraction of the KV-cache blocks in use, 0 to 1." },
-        [METRIC_GPU_MEMORY_USED] = { "dsd_gpu_memory_used_bytes",
-                "Device memory held by dsd (weights and KV cache); 0 on the CPU backend." },
-}, counters[_METRIC_COUNTER_MAX] = {
-        [METRIC_PROMPT_TOKENS] = { "dsd_prompt_tokens_total",
-                "Prompt tokens of finished requests." },
-        [METRIC_GENERATED_TOKENS] = { "dsd_generation_tokens_total", "Generated tokens." },
-        [METRIC_PREEMPTIONS] = { "dsd_preemptions_total",
-                "Times a request was preempted and recomputed." },
-        [METRIC_RELOADS] = { "dsd_reloads_total", "Model or configuration reloads." },
-        [METRIC_CLIENT_VIOLATIONS] = { "dsd_client_violations_total",
-                "Clients disconnected for breaking the protocol." },
+} gauges[_METRIC_GAUGE_MAX] =
+        {
+                [METRIC_RUNNING] = {"dsd_requests_running", "Requests admitted to the batch."},
+                [METRIC_WAITING] = {"dsd_requests_waiting", "Requests waiting for admission."},
+                [METRIC_KV_BLOCKS_USED] = {"dsd_kv_cache_blocks_used", "KV-cache blocks in use."},
+                [METRIC_KV_BLOCKS_TOTAL] = {"dsd_kv_cache_blocks_total", "KV-cache blocks in all."},
+                [METRIC_KV_USAGE] = {"dsd_kv_cache_usage_ratio",
+                        "Fraction of the KV-cache blocks in use, 0 to 1."},
+                [METRIC_GPU_MEMORY_USED] = {"dsd_gpu_memory_used_bytes",
+                        "Device memory held by dsd (weights and KV cache); 0 on the CPU backend."},
+},
+  counters[_METRIC_COUNTER_MAX] = {
+          [METRIC_PROMPT_TOKENS] = {"dsd_prompt_tokens_total",
+                  "Prompt tokens of finished requests."},
+          [METRIC_GENERATED_TOKENS] = {"dsd_generation_tokens_total", "Generated tokens."},
+          [METRIC_PREEMPTIONS] = {"dsd_preemptions_total",
+                  "Times a request was preempted and recomputed."},
+          [METRIC_RELOADS] = {"dsd_reloads_total", "Model or configuration reloads."},
+          [METRIC_CLIENT_VIOLATIONS] = {"dsd_client_violations_total",
+                  "Clients disconnected for breaking the protocol."},
 };
 
 static const char *const reason_names[_METRIC_REASON_MAX] = {
@@ -172,10 +174,14 @@ void metrics_finished(Metrics *m, MetricReason reason)
 static MetricReason reason_of(FinishReason f)
 {
         switch (f) {
-        case FINISH_LENGTH: return METRIC_REASON_LENGTH;
-        case FINISH_EOS: return METRIC_REASON_EOS;
-        case FINISH_STOP: return METRIC_REASON_STOP;
-        default: return METRIC_REASON_CANCELLED;
+        case FINISH_LENGTH:
+                return METRIC_REASON_LENGTH;
+        case FINISH_EOS:
+                return METRIC_REASON_EOS;
+        case FINISH_STOP:
+                return METRIC_REASON_STOP;
+        default:
+                return METRIC_REASON_CANCELLED;
         }
 }
 
@@ -290,8 +296,9 @@ static int render_locked(Metrics *m, StrBuf *out)
                 r = r ?: series(out, counters[c].name, m->model, NULL);
                 r = r ?: strbuf_printf(out, "%" PRIu64 "\n", m->counter[c]);
         }
-        r = r ?: family(out, "dsd_requests_finished_total", "Finished requests by reason.",
-                "counter");
+        r = r
+                    ?: family(out, "dsd_requests_finished_total", "Finished requests by reason.",
+                               "counter");
         for (int i = 0; r >= 0 && i < _METRIC_REASON_MAX; i++) {
                 char label[64];
                 snprintf(label, sizeof(label), "reason=\"%s\"", reason_names[i]);

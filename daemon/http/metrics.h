@@ -12,20 +12,20 @@
 #include "strbuf.h"
 
 typedef enum MetricHistogram {
-        METRIC_TTFT,          /* enqueue to the first generated token */
-        METRIC_INTER_TOKEN,   /* between two tokens of one request, as the engine published */
-        METRIC_E2E,           /* enqueue to the last event */
-        METRIC_QUEUE,         /* enqueue to the first scheduled prefill chunk */
+        METRIC_TTFT,        /* enqueue to the first generated token */
+        METRIC_INTER_TOKEN, /* between two tokens of one request, as the engine published */
+        METRIC_E2E,         /* enqueue to the last event */
+        METRIC_QUEUE,       /* enqueue to the first scheduled prefill chunk */
         _METRIC_HISTOGRAM_MAX,
 } MetricHistogram;
 
 typedef enum MetricGauge {
-        METRIC_RUNNING,          /* admitted requests */
-        METRIC_WAITING,          /* requests waiting for admission */
+        METRIC_RUNNING, /* admitted requests */
+        METRIC_WAITING, /* requests waiting for admission */
         METRIC_KV_BLOCKS_USED,
         METRIC_KV_BLOCKS_TOTAL,
-        METRIC_KV_USAGE,         /* used / total, 0..1 */
-        METRIC_GPU_MEMORY_USED,  /* bytes of device memory dsd holds (0 on the CPU backend) */
+        METRIC_KV_USAGE,        /* used / total, 0..1 */
+        METRIC_GPU_MEMORY_USED, /* bytes of device memory dsd holds (0 on the CPU backend) */
         _METRIC_GAUGE_MAX,
 } MetricGauge;
 

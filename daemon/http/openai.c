@@ -16,10 +16,10 @@ int oai_error(OaiError *e, int status, const char *param, const char *fmt, ...)
         va_list ap;
 
         e->status = status;
-        e->type = status == 401 ? "authentication_error"
-                : status >= 500 ? "server_error"
-                : status == 429 ? "rate_limit_error"
-                                : "invalid_request_error";
+        e->type = status == 401   ? "authentication_error"
+                  : status >= 500 ? "server_error"
+                  : status == 429 ? "rate_limit_error"
+                                  : "invalid_request_error";
         e->code = NULL;
         snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
         va_start(ap, fmt);
@@ -37,11 +37,13 @@ int oai_error_json(StrBuf *b, const OaiError *e)
         r = r ?: strbuf_puts(b, ",\"type\":");
         r = r ?: strbuf_json_string(b, e->type, strlen(e->type));
         r = r ?: strbuf_puts(b, ",\"param\":");
-        r = r ?: (e->param[0] ? strbuf_json_string(b, e->param, strlen(e->param))
-                              : strbuf_puts(b, "null"));
+        r = r
+                    ?: (e->param[0] ? strbuf_json_string(b, e->param, strlen(e->param))
+                                    : strbuf_puts(b, "null"));
         r = r ?: strbuf_puts(b, ",\"code\":");
-        r = r ?: (e->code ? strbuf_json_string(b, e->code, strlen(e->code))
-                          : strbuf_puts(b, "null"));
+        r = r
+                    ?: (e->code ? strbuf_json_string(b, e->code, strlen(e->code))
+                                : strbuf_puts(b, "null"));
         return r ?: strbuf_puts(b, "}}");
 }
 
@@ -60,16 +62,18 @@ static int parse_object(const char *body, size_t len, cJSON **ret, OaiError *e)
         const char *end = NULL;
         cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, false);
         if (!j)
-                return oai_error(e, 400, NULL, "The request body is not valid JSON (near byte "
-                                               "%zu)",
+                return oai_error(e, 400, NULL,
+                        "The request body is not valid JSON (near byte "
+                        "%zu)",
                         (size_t) (cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - body : 0));
         /* cJSON stops after the first value: what follows must be whitespace, or the body
          * is not one JSON document. */
         for (size_t i = (size_t) (end - body); i < len; i++)
                 if (!strchr(" \t\r\n", body[i]) || body[i] == 0) {
                         cJSON_Delete(j);
-                        return oai_error(e, 400, NULL, "The request body is not valid JSON: "
-                                                       "data after the object at byte %zu",
+                        return oai_error(e, 400, NULL,
+                                "The request body is not valid JSON: "
+                                "data after the object at byte %zu",
                                 i);
                 }
         if (!cJSON_IsObject(j)) {
@@ -98,8 +102,8 @@ static int get_bool(const cJSON *o, const char *name, bool *v, OaiError *e)
         return 0;
 }
 
-static int get_number(const cJSON *o, const char *name, double lo, double hi, double *v,
-        OaiError *e)
+static int get_number(
+        const cJSON *o, const char *name, double lo, double hi, double *v, OaiError *e)
 {
         const cJSON *f = field(o, name);
         if (!f)
@@ -107,15 +111,14 @@ static int get_number(const cJSON *o, const char *name, double lo, double hi, do
         if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble))
                 return oai_error(e, 400, name, "'%s' must be a number", name);
         if (f->valuedouble < lo || f->valuedouble > hi)
-                return oai_error(e, 400, name, "'%s' must be between %g and %g, got %g", name,
-                        lo, hi, f->valuedouble);
+                return oai_error(e, 400, name, "'%s' must be between %g and %g, got %g", name, lo,
+                        hi, f->valuedouble);
         *v = f->valuedouble;
         return 0;
 }
 
 /* Returns 1 when present, 0 when absent. */
-static int get_int(const cJSON *o, const char *name, double lo, double hi, int64_t *v,
-        OaiError *e)
+static int get_int(const cJSON *o, const char *name, double lo, double hi, int64_t *v, OaiError *e)
 {
         const cJSON *f = field(o, name);
         if (!f)
@@ -124,8 +127,8 @@ static int get_int(const cJSON *o, const char *name, double lo, double hi, int64
                 f->valuedouble != floor(f->valuedouble))
                 return oai_error(e, 400, name, "'%s' must be an integer", name);
         if (f->valuedouble < lo || f->valuedouble > hi)
-                return oai_error(e, 400, name, "'%s' must be between %.0f and %.0f, got %.0f",
-                        name, lo, hi, f->valuedouble);
+                return oai_error(e, 400, name, "'%s' must be between %.0f and %.0f, got %.0f", name,
+                        lo, hi, f->valuedouble);
         *v = (int64_t) f->valuedouble;
         return 1;
 }
@@ -146,19 +149,22 @@ static int get_content(const cJSON *c, const char *param, char **ret, OaiError *
         if (cJSON_IsString(c))
                 return dup_string(c->valuestring, ret, e);
         if (!cJSON_IsArray(c))
-                return oai_error(e, 400, param, "'%s' must be a string or an array of text "
-                                                "parts",
+                return oai_error(e, 400, param,
+                        "'%s' must be a string or an array of text "
+                        "parts",
                         param);
         StrBuf b = {};
         const cJSON *part;
-        cJSON_ArrayForEach(part, c) {
+        cJSON_ArrayForEach(part, c)
+        {
                 const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
                 if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 ||
                         !cJSON_IsString(text)) {
                         strbuf_free(&b);
-                        return oai_error(e, 400, param, "'%s' parts must be "
-                                                        "{\"type\": \"text\", \"text\": string}",
+                        return oai_error(e, 400, param,
+                                "'%s' parts must be "
+                                "{\"type\": \"text\", \"text\": string}",
                                 param);
                 }
                 if (strbuf_puts(&b, text->valuestring) < 0) {
@@ -172,8 +178,8 @@ static int get_content(const cJSON *c, const char *param, char **ret, OaiError *
         return 0;
 }
 
-static int get_messages(const cJSON *o, bool required, ChatMessage **ret, size_t *ret_n,
-        OaiError *e)
+static int get_messages(
+        const cJSON *o, bool required, ChatMessage **ret, size_t *ret_n, OaiError *e)
 {
         const cJSON *m = field(o, "messages");
         int r;
@@ -189,15 +195,16 @@ static int get_messages(const cJSON *o, bool required, ChatMessage **ret, size_t
         if (n == 0)
                 return oai_error(e, 400, "messages", "'messages' must not be empty");
         if ((unsigned) n > OAI_MESSAGES_MAX)
-                return oai_error(e, 400, "messages", "'messages' has %d entries; at most %u",
-                        n, OAI_MESSAGES_MAX);
+                return oai_error(e, 400, "messages", "'messages' has %d entries; at most %u", n,
+                        OAI_MESSAGES_MAX);
 
         ChatMessage *msgs = calloc((size_t) n, sizeof(*msgs));
         if (!msgs)
                 return oai_error(e, 500, NULL, "Out of memory"), -ENOMEM;
         size_t i = 0;
         const cJSON *msg;
-        cJSON_ArrayForEach(msg, m) {
+        cJSON_ArrayForEach(msg, m)
+        {
                 char param[64];
                 snprintf(param, sizeof(param), "messages[%zu].role", i);
                 const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
@@ -216,8 +223,9 @@ static int get_messages(const cJSON *o, bool required, ChatMessage **ret, size_t
                         rn = "system";
                 if (strcmp(rn, "system") != 0 && strcmp(rn, "user") != 0 &&
                         strcmp(rn, "assistant") != 0) {
-                        r = oai_error(e, 400, param, "'%s' must be system, user or assistant, "
-                                                     "not '%.32s'",
+                        r = oai_error(e, 400, param,
+                                "'%s' must be system, user or assistant, "
+                                "not '%.32s'",
                                 param, role->valuestring);
                         goto fail;
                 }
@@ -275,8 +283,9 @@ static int get_prompt(const cJSON *o, OaiRequest *q, OaiError *e)
         if (cJSON_IsString(p))
                 return dup_string(p->valuestring, &q->prompt, e);
         if (!cJSON_IsArray(p))
-                return oai_error(e, 400, "prompt", "'prompt' must be a string or an array of "
-                                                   "token ids");
+                return oai_error(e, 400, "prompt",
+                        "'prompt' must be a string or an array of "
+                        "token ids");
         int n = cJSON_GetArraySize(p);
         if (n == 0)
                 return oai_error(e, 400, "prompt", "'prompt' must not be empty");
@@ -284,11 +293,13 @@ static int get_prompt(const cJSON *o, OaiRequest *q, OaiError *e)
         if (!q->prompt_ids)
                 return oai_error(e, 500, NULL, "Out of memory"), -ENOMEM;
         const cJSON *id;
-        cJSON_ArrayForEach(id, p) {
+        cJSON_ArrayForEach(id, p)
+        {
                 if (!cJSON_IsNumber(id) || id->valuedouble != floor(id->valuedouble) ||
                         id->valuedouble < 0 || id->valuedouble > INT32_MAX)
-                        return oai_error(e, 400, "prompt", "'prompt' must be one string or one "
-                                                           "array of token ids (n is 1)");
+                        return oai_error(e, 400, "prompt",
+                                "'prompt' must be one string or one "
+                                "array of token ids (n is 1)");
                 q->prompt_ids[q->n_prompt_ids++] = (int32_t) id->valuedouble;
         }
         return 0;
@@ -306,20 +317,23 @@ static int get_stops(const cJSON *o, OaiRequest *q, OaiError *e)
                 goto one;
         }
         if (!cJSON_IsArray(s))
-                return oai_error(e, 400, "stop", "'stop' must be a string or an array of "
-                                                 "strings");
+                return oai_error(e, 400, "stop",
+                        "'stop' must be a string or an array of "
+                        "strings");
         if ((unsigned) cJSON_GetArraySize(s) > OAI_STOPS_MAX)
-                return oai_error(e, 400, "stop", "'stop' has at most %u strings",
-                        OAI_STOPS_MAX);
-        cJSON_ArrayForEach(item, s) {
+                return oai_error(e, 400, "stop", "'stop' has at most %u strings", OAI_STOPS_MAX);
+        cJSON_ArrayForEach(item, s)
+        {
         one:
                 if (!cJSON_IsString(item))
-                        return oai_error(e, 400, "stop", "'stop' must be a string or an array "
-                                                         "of strings");
+                        return oai_error(e, 400, "stop",
+                                "'stop' must be a string or an array "
+                                "of strings");
                 size_t n = strlen(item->valuestring);
                 if (n == 0 || n > OAI_STOP_LEN_MAX)
-                        return oai_error(e, 400, "stop", "each 'stop' string must be 1 to %u "
-                                                         "bytes",
+                        return oai_error(e, 400, "stop",
+                                "each 'stop' string must be 1 to %u "
+                                "bytes",
                                 OAI_STOP_LEN_MAX);
                 int r = dup_string(item->valuestring, &q->stops[q->n_stops], e);
                 if (r < 0)
@@ -346,9 +360,10 @@ static int refuse_unsupported(const cJSON *o, OaiKind kind, OaiError *e)
         if ((f = field(o, "response_format"))) {
                 const cJSON *t = cJSON_GetObjectItemCaseSensitive(f, "type");
                 if (!cJSON_IsString(t) || strcmp(t->valuestring, "text") != 0)
-                        return oai_error(e, 400, "response_format", "only 'response_format' "
-                                                                    "{\"type\": \"text\"} is "
-                                                                    "supported");
+                        return oai_error(e, 400, "response_format",
+                                "only 'response_format' "
+                                "{\"type\": \"text\"} is "
+                                "supported");
         }
         if (kind == OAI_COMPLETION) {
                 bool echo = false;
@@ -394,9 +409,10 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
                 get_int(o, "max_completion_tokens", 1, UINT32_MAX - 1, &mct, e) < 0)
                 return -EINVAL;
         if (mt >= 0 && mct >= 0 && mt != mct)
-                return oai_error(e, 400, "max_completion_tokens", "'max_tokens' and "
-                                                                  "'max_completion_tokens' "
-                                                                  "differ");
+                return oai_error(e, 400, "max_completion_tokens",
+                        "'max_tokens' and "
+                        "'max_completion_tokens' "
+                        "differ");
         q->max_tokens = mct >= 0 ? (uint32_t) mct : mt >= 0 ? (uint32_t) mt : UINT32_MAX;
 
         d = 1.0;
@@ -448,8 +464,9 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
                 if (r < 0)
                         return r;
                 if (r > 0 && !q->logprobs)
-                        return oai_error(e, 400, "top_logprobs", "'top_logprobs' needs "
-                                                                 "'logprobs': true");
+                        return oai_error(e, 400, "top_logprobs",
+                                "'top_logprobs' needs "
+                                "'logprobs': true");
                 q->top_logprobs = r > 0 ? (uint32_t) v : 0;
         } else {
                 /* Legacy completions: logprobs is the number of alternatives. */
@@ -465,11 +482,13 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
         const cJSON *so = field(o, "stream_options");
         if (so) {
                 if (!q->stream)
-                        return oai_error(e, 400, "stream_options", "'stream_options' needs "
-                                                                   "'stream': true");
+                        return oai_error(e, 400, "stream_options",
+                                "'stream_options' needs "
+                                "'stream': true");
                 if (!cJSON_IsObject(so))
-                        return oai_error(e, 400, "stream_options", "'stream_options' must be "
-                                                                   "an object");
+                        return oai_error(e, 400, "stream_options",
+                                "'stream_options' must be "
+                                "an object");
                 if (get_bool(so, "include_usage", &q->include_usage, e) < 0)
                         return oai_error(e, 400, "stream_options.include_usage",
                                 "'stream_options.include_usage' must be a boolean");
@@ -479,9 +498,10 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
         if (rf) {
                 if (!cJSON_IsString(rf) || (strcmp(rf->valuestring, "inline") != 0 &&
                                                    strcmp(rf->valuestring, "separate") != 0))
-                        return oai_error(e, 400, "reasoning_format", "'reasoning_format' must "
-                                                                     "be \"inline\" or "
-                                                                     "\"separate\"");
+                        return oai_error(e, 400, "reasoning_format",
+                                "'reasoning_format' must "
+                                "be \"inline\" or "
+                                "\"separate\"");
                 q->reasoning_inline = strcmp(rf->valuestring, "inline") == 0;
         }
         if (get_bool(o, "dsd_timing", &q->dsd_timing, e) < 0)
@@ -490,8 +510,7 @@ static int parse_request(OaiKind kind, const cJSON *o, OaiRequest *q, OaiError *
         return refuse_unsupported(o, kind, e);
 }
 
-int oai_request_parse(OaiKind kind, const char *body, size_t len, OaiRequest **ret,
-        OaiError *e)
+int oai_request_parse(OaiKind kind, const char *body, size_t len, OaiRequest **ret, OaiError *e)
 {
         _cleanup_(cjson_deletep) cJSON *o = NULL;
         int r;
@@ -590,12 +609,14 @@ int oai_detokenize_parse(const char *body, size_t len, uint32_t n_vocab, int32_t
                 return oai_error(e, 500, NULL, "Out of memory"), -ENOMEM;
         size_t i = 0;
         const cJSON *id;
-        cJSON_ArrayForEach(id, t) {
+        cJSON_ArrayForEach(id, t)
+        {
                 if (!cJSON_IsNumber(id) || id->valuedouble != floor(id->valuedouble) ||
                         id->valuedouble < 0 || id->valuedouble >= n_vocab) {
                         free(ids);
-                        return oai_error(e, 400, "tokens", "'tokens[%zu]' is not a token id "
-                                                           "below %u",
+                        return oai_error(e, 400, "tokens",
+                                "'tokens[%zu]' is not a token id "
+                                "below %u",
                                 i, n_vocab);
                 }
                 ids[i++] = (int32_t) id->valuedouble;
@@ -610,10 +631,13 @@ int oai_detokenize_parse(const char *body, size_t len, uint32_t n_vocab, int32_t
 const char *oai_finish_reason(int finish)
 {
         switch (finish) {
-        case FINISH_LENGTH: return "length";
+        case FINISH_LENGTH:
+                return "length";
         case FINISH_EOS:
-        case FINISH_STOP: return "stop";
-        default: return NULL;
+        case FINISH_STOP:
+                return "stop";
+        default:
+                return NULL;
         }
 }
 
@@ -643,8 +667,8 @@ static int chat_logprob_entry(StrBuf *b, const OaiLogprobEntry *t)
         return r ?: bytes_json(b, t->text, t->len);
 }
 
-int oai_logprobs_add(OaiLogprobs *l, const OaiLogprobEntry *s, const OaiLogprobEntry *top,
-        uint32_t n_top)
+int oai_logprobs_add(
+        OaiLogprobs *l, const OaiLogprobEntry *s, const OaiLogprobEntry *top, uint32_t n_top)
 {
         int r = 0;
 
@@ -729,8 +753,10 @@ static int header_json(StrBuf *b, const OaiResponse *r, const char *object)
 {
         int k = strbuf_puts(b, "{\"id\":");
         k = k ?: strbuf_json_string(b, r->id, strlen(r->id));
-        k = k ?: strbuf_printf(b, ",\"object\":\"%s\",\"created\":%" PRId64 ",\"model\":",
-                object, r->created);
+        k = k
+                    ?: strbuf_printf(b,
+                               ",\"object\":\"%s\",\"created\":%" PRId64 ",\"model\":", object,
+                               r->created);
         return k ?: strbuf_json_string(b, r->model, strlen(r->model));
 }
 
@@ -816,8 +842,9 @@ int oai_stream_chunk(StrBuf *b, const OaiResponse *r, bool role, const char *con
 int oai_stream_usage(StrBuf *b, const OaiResponse *r, const OaiUsage *usage)
 {
         int k = strbuf_puts(b, "data: ");
-        k = k ?: header_json(b, r,
-                r->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
+        k = k
+                    ?: header_json(b, r,
+                               r->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion");
         k = k ?: strbuf_puts(b, ",\"choices\":[],\"usage\":");
         k = k ?: usage_json(b, usage);
         return k ?: strbuf_puts(b, "}\n\n");
@@ -834,9 +861,11 @@ int oai_models_json(StrBuf *b, const char *model, int64_t created)
         if (model) {
                 k = k ?: strbuf_puts(b, "{\"id\":");
                 k = k ?: strbuf_json_string(b, model, strlen(model));
-                k = k ?: strbuf_printf(b, ",\"object\":\"model\",\"created\":%" PRId64
-                                          ",\"owned_by\":\"dsd\"}",
-                        created);
+                k = k
+                            ?: strbuf_printf(b,
+                                       ",\"object\":\"model\",\"created\":%" PRId64
+                                       ",\"owned_by\":\"dsd\"}",
+                                       created);
         }
         return k ?: strbuf_puts(b, "]}");
 }
@@ -848,7 +877,7 @@ static const char THINK_CLOSE[] = "</think>";
 
 void think_split_init(ThinkSplit *t, bool inside)
 {
-        *t = (ThinkSplit) { .state = inside ? THINK_INSIDE : THINK_START };
+        *t = (ThinkSplit){.state = inside ? THINK_INSIDE : THINK_START};
 }
 
 static StrBuf *think_target(const ThinkSplit *t, StrBuf *reasoning, StrBuf *content)
@@ -856,8 +885,8 @@ static StrBuf *think_target(const ThinkSplit *t, StrBuf *reasoning, StrBuf *cont
         return t->state == THINK_INSIDE ? reasoning : content;
 }
 
-int think_split_feed(ThinkSplit *t, const char *text, size_t len, StrBuf *reasoning,
-        StrBuf *content)
+int think_split_feed(
+        ThinkSplit *t, const char *text, size_t len, StrBuf *reasoning, StrBuf *content)
 {
         int r;
 

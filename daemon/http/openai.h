@@ -16,10 +16,10 @@
 #include "strbuf.h"
 #include "tokenizer.h"
 
-#define OAI_STOPS_MAX 4u         /* OpenAI's own bound on "stop" */
-#define OAI_STOP_LEN_MAX 256u    /* bytes of one stop string (the scheduler's bound) */
+#define OAI_STOPS_MAX        4u   /* OpenAI's own bound on "stop" */
+#define OAI_STOP_LEN_MAX     256u /* bytes of one stop string (the scheduler's bound) */
 #define OAI_TOP_LOGPROBS_MAX 20u
-#define OAI_MESSAGES_MAX 4096u
+#define OAI_MESSAGES_MAX     4096u
 
 typedef enum OaiKind {
         OAI_CHAT,       /* POST /v1/chat/completions */
@@ -31,9 +31,9 @@ typedef enum OaiKind {
 /* An error answer: HTTP status and the fields of {"error": {...}}. */
 typedef struct OaiError {
         int status;
-        const char *type;  /* "invalid_request_error", "authentication_error", ... */
-        const char *code;  /* NULL or a short machine-readable code */
-        char param[64];    /* the field at fault, "" for none */
+        const char *type; /* "invalid_request_error", "authentication_error", ... */
+        const char *code; /* NULL or a short machine-readable code */
+        char param[64];   /* the field at fault, "" for none */
         char message[512];
 } OaiError;
 
@@ -45,32 +45,31 @@ int oai_error_json(StrBuf *b, const OaiError *e);
 
 typedef struct OaiRequest {
         OaiKind kind;
-        char *model;             /* NULL when absent; not checked against the served one */
+        char *model; /* NULL when absent; not checked against the served one */
         /* OAI_CHAT */
-        ChatMessage *messages;   /* (n_messages), strings owned */
+        ChatMessage *messages; /* (n_messages), strings owned */
         size_t n_messages;
         /* OAI_COMPLETION: text, or token ids when prompt_ids is set */
         char *prompt;
-        int32_t *prompt_ids;     /* (n_prompt_ids) */
+        int32_t *prompt_ids; /* (n_prompt_ids) */
         size_t n_prompt_ids;
 
-        uint32_t max_tokens;     /* UINT32_MAX when absent: the context limit decides */
-        BkSampling sampling;     /* OpenAI's defaults: temperature 1, top_p 1 */
-        bool has_seed;           /* else the caller picks a seed */
+        uint32_t max_tokens; /* UINT32_MAX when absent: the context limit decides */
+        BkSampling sampling; /* OpenAI's defaults: temperature 1, top_p 1 */
+        bool has_seed;       /* else the caller picks a seed */
         char *stops[OAI_STOPS_MAX];
         uint32_t n_stops;
-        bool logprobs;           /* report the sampled token's logprob */
-        uint32_t top_logprobs;   /* and this many alternatives */
+        bool logprobs;         /* report the sampled token's logprob */
+        uint32_t top_logprobs; /* and this many alternatives */
         bool stream;
-        bool include_usage;      /* stream_options.include_usage */
-        bool reasoning_inline;   /* "reasoning_format": "inline": keep <think> in content */
-        bool dsd_timing;         /* "dsd_timing": true: stream chunks carry the publish time */
+        bool include_usage;    /* stream_options.include_usage */
+        bool reasoning_inline; /* "reasoning_format": "inline": keep <think> in content */
+        bool dsd_timing;       /* "dsd_timing": true: stream chunks carry the publish time */
 } OaiRequest;
 
 /* Decodes a request body. 0 and *ret, or -EINVAL (or -ENOMEM) with e filled: status 400
  * and the field named in e->param. */
-int oai_request_parse(OaiKind kind, const char *body, size_t len, OaiRequest **ret,
-        OaiError *e);
+int oai_request_parse(OaiKind kind, const char *body, size_t len, OaiRequest **ret, OaiError *e);
 OaiRequest *oai_request_free(OaiRequest *r);
 DEFINE_TRIVIAL_CLEANUP_FUNC(OaiRequest *, oai_request_free);
 
@@ -95,9 +94,9 @@ int oai_detokenize_parse(const char *body, size_t len, uint32_t n_vocab, int32_t
 
 typedef struct OaiResponse {
         OaiKind kind;
-        const char *id;    /* "chatcmpl-..." or "cmpl-..." */
+        const char *id; /* "chatcmpl-..." or "cmpl-..." */
         const char *model;
-        int64_t created;   /* Unix seconds */
+        int64_t created; /* Unix seconds */
         /* Not 0: a stream chunk carries "dsd_publish_ns", the CLOCK_MONOTONIC time the
          * engine published the event it holds, for measuring delivery latency (dsbench). */
         uint64_t publish_ns;
@@ -128,8 +127,8 @@ typedef struct OaiLogprobs {
         uint64_t text_offset;
 } OaiLogprobs;
 
-int oai_logprobs_add(OaiLogprobs *l, const OaiLogprobEntry *sampled,
-        const OaiLogprobEntry *top, uint32_t n_top);
+int oai_logprobs_add(
+        OaiLogprobs *l, const OaiLogprobEntry *sampled, const OaiLogprobEntry *top, uint32_t n_top);
 /* Appends the JSON object (or null when nothing was added). */
 int oai_logprobs_json(StrBuf *b, const OaiLogprobs *l);
 void oai_logprobs_clear(OaiLogprobs *l);
@@ -177,7 +176,7 @@ typedef struct ThinkSplit {
 
 void think_split_init(ThinkSplit *t, bool inside);
 /* Appends the decided text to reasoning and content. */
-int think_split_feed(ThinkSplit *t, const char *text, size_t len, StrBuf *reasoning,
-        StrBuf *content);
+int think_split_feed(
+        ThinkSplit *t, const char *text, size_t len, StrBuf *reasoning, StrBuf *content);
 /* At the end: held-back bytes go where they were heading. */
 int think_split_flush(ThinkSplit *t, StrBuf *reasoning, StrBuf *content);

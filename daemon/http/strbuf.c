@@ -120,11 +120,21 @@ int strbuf_json_string(StrBuf *b, const char *s, size_t n)
                 }
                 i++;
                 switch (c) {
-                case '"': memcpy(b->data + b->len, "\\\"", 2), b->len += 2; break;
-                case '\\': memcpy(b->data + b->len, "\\\\", 2), b->len += 2; break;
-                case '\n': memcpy(b->data + b->len, "\\n", 2), b->len += 2; break;
-                case '\r': memcpy(b->data + b->len, "\\r", 2), b->len += 2; break;
-                case '\t': memcpy(b->data + b->len, "\\t", 2), b->len += 2; break;
+                case '"':
+                        memcpy(b->data + b->len, "\\\"", 2), b->len += 2;
+                        break;
+                case '\\':
+                        memcpy(b->data + b->len, "\\\\", 2), b->len += 2;
+                        break;
+                case '\n':
+                        memcpy(b->data + b->len, "\\n", 2), b->len += 2;
+                        break;
+                case '\r':
+                        memcpy(b->data + b->len, "\\r", 2), b->len += 2;
+                        break;
+                case '\t':
+                        memcpy(b->data + b->len, "\\t", 2), b->len += 2;
+                        break;
                 default:
                         if (c < 0x20 || c == 0x7f) {
                                 snprintf(b->data + b->len, 7, "\\u%04x", c);
@@ -159,5 +169,5 @@ void strbuf_clear(StrBuf *b)
 void strbuf_free(StrBuf *b)
 {
         free(b->data);
-        *b = (StrBuf) {};
+        *b = (StrBuf){};
 }

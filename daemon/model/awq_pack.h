@@ -6,7 +6,7 @@
 #include <stdint.h>
 
 /* Logical column j of a packed word is nibble AWQ_REV[j]. */
-static const unsigned AWQ_REV[8] = { 0, 4, 1, 5, 2, 6, 3, 7 };
+static const unsigned AWQ_REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 static inline unsigned awq_nibble(const uint32_t *packed, uint32_t out, uint32_t row, uint32_t col)
 {

@@ -11,22 +11,22 @@
 #include "error.h"
 
 typedef struct ModelOptions {
-        bool quantize_int4;  /* round-to-nearest INT4, group 128, for FP16/BF16/F32 linears */
+        bool quantize_int4; /* round-to-nearest INT4, group 128, for FP16/BF16/F32 linears */
         void (*progress)(void *userdata, uint32_t layers_done, uint32_t n_layers);
         void *userdata;
 } ModelOptions;
 
 typedef struct ModelInfo {
-        char architecture[64];   /* as config.json names it */
-        char quant[64];          /* "awq-int4 g128", "f16", "int4-at-load g128", ... */
-        int32_t bos_id;          /* -1 when none */
-        int32_t eos_ids[8];      /* config.json eos_token_id, int or list */
+        char architecture[64]; /* as config.json names it */
+        char quant[64];        /* "awq-int4 g128", "f16", "int4-at-load g128", ... */
+        int32_t bos_id;        /* -1 when none */
+        int32_t eos_ids[8];    /* config.json eos_token_id, int or list */
         uint32_t n_eos;
-        bool tie_embeddings;     /* lm_head is the embedding (tie_word_embeddings) */
-        bool qkv_bias;           /* q/k/v_proj have biases (Qwen2; Llama attention_bias) */
-        bool o_bias;             /* o_proj has a bias (Llama attention_bias) */
-        bool mlp_bias;           /* gate/up/down_proj have biases (Llama mlp_bias) */
-        uint32_t group_size;     /* AWQ group size of the checkpoint's linears; 0 when dense */
+        bool tie_embeddings; /* lm_head is the embedding (tie_word_embeddings) */
+        bool qkv_bias;       /* q/k/v_proj have biases (Qwen2; Llama attention_bias) */
+        bool o_bias;         /* o_proj has a bias (Llama attention_bias) */
+        bool mlp_bias;       /* gate/up/down_proj have biases (Llama mlp_bias) */
+        uint32_t group_size; /* AWQ group size of the checkpoint's linears; 0 when dense */
         /* quantization_config.modules_to_not_convert: a linear whose name contains one of
          * these is stored dense in an AWQ checkpoint. */
         char not_convert[16][64];
@@ -34,11 +34,11 @@ typedef struct ModelInfo {
 } ModelInfo;
 
 typedef struct Model {
-        BkModel bk;           /* what the backend consumes; pointers into the maps or owned */
+        BkModel bk; /* what the backend consumes; pointers into the maps or owned */
         ModelInfo info;
         char *dir;
         StArchive *archive;
-        void **owned;         /* buffers made at load (quantized, realigned) */
+        void **owned; /* buffers made at load (quantized, realigned) */
         size_t n_owned;
 } Model;
 

@@ -15,11 +15,11 @@
 
 /* Limits well above any real model, so that products of dimensions stay far from
  * overflow and a hostile config cannot ask for absurd allocations. */
-#define DIM_MAX (1u << 20)
-#define HEADS_MAX 4096u
-#define LAYERS_MAX 4096u
-#define VOCAB_MAX (1u << 24)
-#define POSITIONS_MAX (1u << 26)
+#define DIM_MAX         (1u << 20)
+#define HEADS_MAX       4096u
+#define LAYERS_MAX      4096u
+#define VOCAB_MAX       (1u << 24)
+#define POSITIONS_MAX   (1u << 26)
 #define CONFIG_FILE_MAX (16u << 20)
 
 static void cjson_deletep(cJSON **j)
@@ -49,14 +49,13 @@ static const char *json_str(const cJSON *j, char *buf, size_t size)
         return buf;
 }
 
-static int field_error(const Field *f, int code, const char *key, const cJSON *v,
-        const char *want)
+static int field_error(const Field *f, int code, const char *key, const cJSON *v, const char *want)
 {
         char buf[48];
 
         if (!v)
-                return ds_error(f->err, code, "%s: field '%s%s' is missing", f->file, f->prefix,
-                        key);
+                return ds_error(
+                        f->err, code, "%s: field '%s%s' is missing", f->file, f->prefix, key);
         return ds_error(f->err, code, "%s: field '%s%s' must be %s, got %s", f->file, f->prefix,
                 key, want, json_str(v, buf, sizeof(buf)));
 }
@@ -157,10 +156,10 @@ static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
                 const char *name;
                 BkArch arch;
         } archs[] = {
-                { "Qwen2ForCausalLM", BK_ARCH_QWEN2 },
-                { "LlamaForCausalLM", BK_ARCH_LLAMA },
-                { "DeepseekV2ForCausalLM", BK_ARCH_DEEPSEEK_V2 },
-                { "DeepseekV3ForCausalLM", BK_ARCH_DEEPSEEK_V3 },
+                {"Qwen2ForCausalLM", BK_ARCH_QWEN2},
+                {"LlamaForCausalLM", BK_ARCH_LLAMA},
+                {"DeepseekV2ForCausalLM", BK_ARCH_DEEPSEEK_V2},
+                {"DeepseekV3ForCausalLM", BK_ARCH_DEEPSEEK_V3},
         };
         const cJSON *v = field_get(f, "architectures");
         const char *name;
@@ -168,8 +167,8 @@ static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
         if (!v)
                 return field_error(f, -DS_ERR_FORMAT, "architectures", NULL, NULL);
         if (!cJSON_IsArray(v) || !cJSON_IsString(v->child))
-                return field_error(f, -DS_ERR_FORMAT, "architectures", v,
-                        "a list of architecture names");
+                return field_error(
+                        f, -DS_ERR_FORMAT, "architectures", v, "a list of architecture names");
         name = v->child->valuestring;
         for (size_t i = 0; i < ELEMENTSOF(archs); i++)
                 if (!strcmp(name, archs[i].name)) {
@@ -178,7 +177,8 @@ static int parse_arch(const Field *f, BkArch *ret_arch, ModelInfo *info)
                         return 0;
                 }
         return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                "%s: architecture '%.100s' is not supported (supported: Qwen2ForCausalLM, LlamaForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                "%s: architecture '%.100s' is not supported (supported: Qwen2ForCausalLM, "
+                "LlamaForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
                 f->file, name);
 }
 
@@ -188,9 +188,12 @@ static int parse_dims(const Field *f, BkConfig *c)
         int r;
 
         if ((r = field_uint(f, "hidden_size", true, 0, 1, DIM_MAX, &c->hidden)) < 0 ||
-                (r = field_uint(f, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate)) < 0 ||
-                (r = field_uint(f, "num_hidden_layers", true, 0, 1, LAYERS_MAX, &c->n_layers)) < 0 ||
-                (r = field_uint(f, "num_attention_heads", true, 0, 1, HEADS_MAX, &c->n_heads)) < 0 ||
+                (r = field_uint(f, "intermediate_size", true, 0, 1, DIM_MAX, &c->intermediate)) <
+                        0 ||
+                (r = field_uint(f, "num_hidden_layers", true, 0, 1, LAYERS_MAX, &c->n_layers)) <
+                        0 ||
+                (r = field_uint(f, "num_attention_heads", true, 0, 1, HEADS_MAX, &c->n_heads)) <
+                        0 ||
                 (r = field_uint(f, "num_key_value_heads", false, c->n_heads, 1, HEADS_MAX,
                          &c->n_kv_heads)) < 0 ||
                 (r = field_uint(f, "vocab_size", true, 0, 1, VOCAB_MAX, &c->vocab_size)) < 0 ||
@@ -205,7 +208,8 @@ static int parse_dims(const Field *f, BkConfig *c)
                         f->file, c->n_kv_heads, c->n_heads);
         if (!has_head_dim && c->hidden % c->n_heads != 0)
                 return ds_error(f->err, -DS_ERR_FORMAT,
-                        "%s: field 'num_attention_heads' (%u) must divide hidden_size (%u) when head_dim is not given",
+                        "%s: field 'num_attention_heads' (%u) must divide hidden_size (%u) when "
+                        "head_dim is not given",
                         f->file, c->n_heads, c->hidden);
         r = field_uint(f, "head_dim", false, c->hidden / c->n_heads, 2, DIM_MAX, &c->head_dim);
         if (r < 0)
@@ -235,8 +239,10 @@ static int parse_rope_llama3(const Field *p, BkRope *rope)
         int r;
 
         if ((r = field_float(p, "factor", true, 0, 1, true, &rope->factor)) < 0 ||
-                (r = field_float(p, "low_freq_factor", true, 0, 0, false, &rope->low_freq_factor)) < 0 ||
-                (r = field_float(p, "high_freq_factor", true, 0, 0, false, &rope->high_freq_factor)) < 0 ||
+                (r = field_float(p, "low_freq_factor", true, 0, 0, false, &rope->low_freq_factor)) <
+                        0 ||
+                (r = field_float(
+                         p, "high_freq_factor", true, 0, 0, false, &rope->high_freq_factor)) < 0 ||
                 (r = field_uint(p, "original_max_position_embeddings", true, 0, 1, POSITIONS_MAX,
                          &rope->original_max_pos)) < 0)
                 return r;
@@ -258,9 +264,10 @@ static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
                 (r = field_float(p, "beta_fast", false, 32, 0, false, &rope->beta_fast)) < 0 ||
                 (r = field_float(p, "beta_slow", false, 1, 0, false, &rope->beta_slow)) < 0 ||
                 (r = field_float(p, "mscale", false, 0, 0, true, &rope->mscale)) < 0 ||
-                (r = field_float(p, "mscale_all_dim", false, 0, 0, true, &rope->mscale_all_dim)) < 0 ||
-                (r = field_float(p, "attention_factor", false, 0, 0, true,
-                         &rope->attention_factor)) < 0)
+                (r = field_float(p, "mscale_all_dim", false, 0, 0, true, &rope->mscale_all_dim)) <
+                        0 ||
+                (r = field_float(
+                         p, "attention_factor", false, 0, 0, true, &rope->attention_factor)) < 0)
                 return r;
         if (rope->beta_fast < rope->beta_slow)
                 return ds_error(p->err, -DS_ERR_FORMAT,
@@ -271,7 +278,7 @@ static int parse_rope_yarn(const Field *p, uint32_t max_positions, BkRope *rope)
         if (rope->attention_factor == 0) {
                 if (rope->mscale > 0 && rope->mscale_all_dim > 0)
                         rope->attention_factor = yarn_mscale(rope->factor, rope->mscale) /
-                                yarn_mscale(rope->factor, rope->mscale_all_dim);
+                                                 yarn_mscale(rope->factor, rope->mscale_all_dim);
                 else
                         rope->attention_factor = yarn_mscale(rope->factor, 1.0f);
         }
@@ -288,7 +295,7 @@ static int parse_rope(const Field *f, uint32_t max_positions, BkRope *rope)
         Field p;
         int r;
 
-        *rope = (BkRope) { .type = BK_ROPE_DEFAULT };
+        *rope = (BkRope){.type = BK_ROPE_DEFAULT};
         r = field_float(f, "rope_theta", false, 10000.0, 0, false, &rope->theta);
         if (r < 0)
                 return r;
@@ -300,7 +307,7 @@ static int parse_rope(const Field *f, uint32_t max_positions, BkRope *rope)
                 return field_error(f, -DS_ERR_FORMAT, v5 ? "rope_parameters" : "rope_scaling",
                         params, "an object or null");
 
-        p = (Field) { f->file, v5 ? "rope_parameters." : "rope_scaling.", params, f->err };
+        p = (Field){f->file, v5 ? "rope_parameters." : "rope_scaling.", params, f->err};
         if (v5) {
                 r = field_float(&p, "rope_theta", false, rope->theta, 0, false, &rope->theta);
                 if (r < 0)
@@ -326,7 +333,8 @@ static int parse_rope(const Field *f, uint32_t max_positions, BkRope *rope)
                 return parse_rope_yarn(&p, max_positions, rope);
         }
         return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                "%s: field '%s%s': RoPE scaling '%.64s' is not supported (supported: default, llama3, yarn)",
+                "%s: field '%s%s': RoPE scaling '%.64s' is not supported (supported: default, "
+                "llama3, yarn)",
                 f->file, p.prefix, key, type);
 }
 
@@ -350,9 +358,11 @@ static int parse_mla(const Field *f, const BkRope *rope, BkConfig *c)
                 return ds_error(f->err, -DS_ERR_FORMAT,
                         "%s: field 'qk_rope_head_dim' (%u) must be even", f->file, m->qk_rope_dim);
         uint64_t qk = (uint64_t) m->qk_nope_dim + m->qk_rope_dim;
-        if (qk * c->n_heads > DIM_MAX || (uint64_t) (m->qk_nope_dim + m->v_head_dim) * c->n_heads > DIM_MAX)
+        if (qk * c->n_heads > DIM_MAX ||
+                (uint64_t) (m->qk_nope_dim + m->v_head_dim) * c->n_heads > DIM_MAX)
                 return ds_error(f->err, -DS_ERR_FORMAT,
-                        "%s: fields 'qk_nope_head_dim' + 'qk_rope_head_dim' / 'v_head_dim' times num_attention_heads (%u) are over %u",
+                        "%s: fields 'qk_nope_head_dim' + 'qk_rope_head_dim' / 'v_head_dim' times "
+                        "num_attention_heads (%u) are over %u",
                         f->file, c->n_heads, DIM_MAX);
         c->head_dim = (uint32_t) qk;
         c->n_kv_heads = c->n_heads;
@@ -378,7 +388,8 @@ static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
                 (r = field_uint(f, "n_shared_experts", false, 0, 0, 1u << 16, &m->n_shared)) < 0 ||
                 (r = field_uint(f, "first_k_dense_replace", false, 0, 0, LAYERS_MAX,
                          &m->first_dense)) < 0 ||
-                (r = field_uint(f, "moe_layer_freq", false, 1, 1, LAYERS_MAX, &m->layer_freq)) < 0 ||
+                (r = field_uint(f, "moe_layer_freq", false, 1, 1, LAYERS_MAX, &m->layer_freq)) <
+                        0 ||
                 (r = field_bool(f, "norm_topk_prob", false, &m->norm_topk_prob)) < 0 ||
                 (r = field_float(f, "routed_scaling_factor", false, 1.0, 0, false,
                          &m->routed_scaling_factor)) < 0 ||
@@ -388,13 +399,15 @@ static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
         if (!has_routed)
                 return 0; /* every layer dense */
         if ((r = field_uint(f, "num_experts_per_tok", true, 0, 1, m->n_routed, &m->top_k)) < 0 ||
-                (r = field_uint(f, "moe_intermediate_size", true, 0, 1, DIM_MAX, &m->expert_dim)) < 0 ||
+                (r = field_uint(f, "moe_intermediate_size", true, 0, 1, DIM_MAX, &m->expert_dim)) <
+                        0 ||
                 (r = field_uint(f, "n_group", false, 1, 1, m->n_routed, &m->n_group)) < 0 ||
                 (r = field_uint(f, "topk_group", false, 1, 1, m->n_group, &m->topk_group)) < 0)
                 return r;
         if ((uint64_t) m->n_shared * m->expert_dim > DIM_MAX)
                 return ds_error(f->err, -DS_ERR_FORMAT,
-                        "%s: field 'n_shared_experts' (%u) times moe_intermediate_size (%u) is over %u",
+                        "%s: field 'n_shared_experts' (%u) times moe_intermediate_size (%u) is "
+                        "over %u",
                         f->file, m->n_shared, m->expert_dim, DIM_MAX);
 
         /* deepseek_v3 configs may leave these out: V3 routing is the rule there. */
@@ -410,7 +423,8 @@ static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
                 m->topk_method = BK_TOPK_NOAUX_TC;
         else
                 return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field 'topk_method': '%.64s' is not supported (supported: greedy, group_limited_greedy, noaux_tc)",
+                        "%s: field 'topk_method': '%.64s' is not supported (supported: greedy, "
+                        "group_limited_greedy, noaux_tc)",
                         f->file, method);
         if (!strcmp(scoring, "softmax"))
                 m->scoring = BK_SCORING_SOFTMAX;
@@ -418,12 +432,14 @@ static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
                 m->scoring = BK_SCORING_SIGMOID;
         else
                 return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field 'scoring_func': '%.64s' is not supported (supported: softmax, sigmoid)",
+                        "%s: field 'scoring_func': '%.64s' is not supported (supported: softmax, "
+                        "sigmoid)",
                         f->file, scoring);
         /* The reference pairs them this way: the V2 gate softmaxes, the V3 router sigmoids. */
         if ((m->topk_method == BK_TOPK_NOAUX_TC) != (m->scoring == BK_SCORING_SIGMOID))
                 return ds_error(f->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field 'scoring_func': '%s' with topk_method '%s' is not supported (softmax goes with greedy or group_limited_greedy, sigmoid with noaux_tc)",
+                        "%s: field 'scoring_func': '%s' with topk_method '%s' is not supported "
+                        "(softmax goes with greedy or group_limited_greedy, sigmoid with noaux_tc)",
                         f->file, scoring, method);
 
         if (m->n_routed % m->n_group != 0)
@@ -433,11 +449,13 @@ static int parse_moe(const Field *f, bool v3_defaults, BkMoeConfig *m)
         uint32_t per_group = m->n_routed / m->n_group;
         if (m->topk_method == BK_TOPK_NOAUX_TC && per_group < 2)
                 return ds_error(f->err, -DS_ERR_FORMAT,
-                        "%s: field 'n_group' (%u): noaux_tc ranks groups by their top 2, so each needs 2 or more of the %u experts",
+                        "%s: field 'n_group' (%u): noaux_tc ranks groups by their top 2, so each "
+                        "needs 2 or more of the %u experts",
                         f->file, m->n_group, m->n_routed);
         if (m->topk_method != BK_TOPK_GREEDY && m->top_k > m->topk_group * per_group)
                 return ds_error(f->err, -DS_ERR_FORMAT,
-                        "%s: field 'num_experts_per_tok' (%u) is more than the %u experts of topk_group (%u) groups",
+                        "%s: field 'num_experts_per_tok' (%u) is more than the %u experts of "
+                        "topk_group (%u) groups",
                         f->file, m->top_k, m->topk_group * per_group, m->topk_group);
         return 0;
 }
@@ -471,7 +489,8 @@ static int parse_token_ids(const Field *f, uint32_t vocab, ModelInfo *info)
         if (!cJSON_IsArray(eos))
                 return field_error(f, -DS_ERR_FORMAT, "eos_token_id", eos,
                         "a token id, a list of them, or null");
-        cJSON_ArrayForEach(e, eos) {
+        cJSON_ArrayForEach(e, eos)
+        {
                 double d = cJSON_IsNumber(e) ? e->valuedouble : -1;
 
                 if (!isfinite(d) || d != floor(d) || d < 0 || d >= vocab)
@@ -503,7 +522,8 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
                         return r;
                 if (strcasecmp(method, "awq"))
                         return ds_error(q->err, -DS_ERR_UNSUPPORTED,
-                                "%s: field '%squant_method': quantization method '%.64s' is not supported (supported: awq)",
+                                "%s: field '%squant_method': quantization method '%.64s' is not "
+                                "supported (supported: awq)",
                                 q->file, q->prefix, method);
         }
         r = field_uint(q, legacy ? "w_bit" : "bits", true, 0, 0, 64, &bits);
@@ -518,8 +538,8 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
                 return r;
         if (gs != 32 && gs != 64 && gs != 128)
                 return ds_error(q->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field '%s%s': group size %u is not supported (32, 64 or 128)",
-                        q->file, q->prefix, legacy ? "q_group_size" : "group_size", gs);
+                        "%s: field '%s%s': group size %u is not supported (32, 64 or 128)", q->file,
+                        q->prefix, legacy ? "q_group_size" : "group_size", gs);
         r = field_bool(q, "zero_point", true, &zero_point);
         if (r < 0)
                 return r;
@@ -532,11 +552,13 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
                 return r;
         if (version && !strcasecmp(version, "gemv"))
                 return ds_error(q->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field '%sversion': the AWQ GEMV layout (qweight [out, in/8]) is not supported; requantize as GEMM",
+                        "%s: field '%sversion': the AWQ GEMV layout (qweight [out, in/8]) is not "
+                        "supported; requantize as GEMM",
                         q->file, q->prefix);
         if (version && strcasecmp(version, "gemm"))
                 return ds_error(q->err, -DS_ERR_UNSUPPORTED,
-                        "%s: field '%sversion': AWQ version '%.64s' is not supported (supported: gemm)",
+                        "%s: field '%sversion': AWQ version '%.64s' is not supported (supported: "
+                        "gemm)",
                         q->file, q->prefix, version);
 
         info->n_not_convert = 0;
@@ -544,14 +566,16 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
         if (skip && !cJSON_IsArray(skip))
                 return field_error(q, -DS_ERR_FORMAT, "modules_to_not_convert", skip,
                         "a list of module names or null");
-        cJSON_ArrayForEach(e, skip) {
+        cJSON_ArrayForEach(e, skip)
+        {
                 if (!cJSON_IsString(e) || !e->valuestring[0])
                         return field_error(q, -DS_ERR_FORMAT, "modules_to_not_convert", skip,
                                 "a list of module names or null");
                 if (info->n_not_convert == ELEMENTSOF(info->not_convert) ||
                         strlen(e->valuestring) >= sizeof(info->not_convert[0]))
                         return ds_error(q->err, -DS_ERR_UNSUPPORTED,
-                                "%s: field '%smodules_to_not_convert': more than %zu names, or a name over %zu bytes",
+                                "%s: field '%smodules_to_not_convert': more than %zu names, or a "
+                                "name over %zu bytes",
                                 q->file, q->prefix, ELEMENTSOF(info->not_convert),
                                 sizeof(info->not_convert[0]) - 1);
                 strcpy(info->not_convert[info->n_not_convert++], e->valuestring);
@@ -566,8 +590,8 @@ static int parse_quant(const Field *q, bool legacy, ModelInfo *info)
 
 /* Parses a whole JSON document: a NUL byte or anything but whitespace after the value is
  * an error, as in Python's json.loads. */
-static int config_json_parse(const char *name, const char *json, size_t len, cJSON **ret,
-        DsError *err)
+static int config_json_parse(
+        const char *name, const char *json, size_t len, cJSON **ret, DsError *err)
 {
         _cleanup_free_ char *text = malloc(len + 1);
 
@@ -603,7 +627,7 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
                 return r;
         if (!cJSON_IsObject(root))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", name);
-        f = (Field) { name, "", root, err };
+        f = (Field){name, "", root, err};
 
         if ((r = parse_arch(&f, &c.arch, &info)) < 0 || (r = parse_dims(&f, &c)) < 0 ||
                 (r = parse_rope(&f, c.max_positions, &c.rope)) < 0 ||
@@ -613,22 +637,25 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
                 return r;
         if (act && strcmp(act, "silu"))
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "%s: field 'hidden_act': activation '%.64s' is not supported (supported: silu)",
+                        "%s: field 'hidden_act': activation '%.64s' is not supported (supported: "
+                        "silu)",
                         name, act);
 
         if (c.arch == BK_ARCH_DEEPSEEK_V2 || c.arch == BK_ARCH_DEEPSEEK_V3) {
                 const char *type = NULL;
                 if ((r = field_string(&f, "model_type", false, &type)) < 0 ||
                         (r = parse_mla(&f, &c.rope, &c)) < 0 ||
-                        (r = parse_moe(&f, c.arch == BK_ARCH_DEEPSEEK_V3 ||
-                                        (type && !strcmp(type, "deepseek_v3")),
+                        (r = parse_moe(&f,
+                                 c.arch == BK_ARCH_DEEPSEEK_V3 ||
+                                         (type && !strcmp(type, "deepseek_v3")),
                                  &c.moe)) < 0 ||
                         (r = field_bool(&f, "attention_bias", false, &attn_bias)) < 0 ||
                         (r = field_bool(&f, "mlp_bias", false, &mlp_bias)) < 0)
                         return r;
                 if (attn_bias || mlp_bias)
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "%s: field '%s': DeepSeek projections with biases are not supported",
+                                "%s: field '%s': DeepSeek projections with biases are not "
+                                "supported",
                                 name, attn_bias ? "attention_bias" : "mlp_bias");
         } else if (c.arch == BK_ARCH_QWEN2) {
                 r = field_bool(&f, "use_sliding_window", false, &sliding);
@@ -636,7 +663,8 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
                         return r;
                 if (sliding)
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "%s: field 'use_sliding_window': sliding-window attention is not supported",
+                                "%s: field 'use_sliding_window': sliding-window attention is not "
+                                "supported",
                                 name);
                 info.qkv_bias = true;
         } else {
@@ -651,9 +679,9 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
         quant = field_get(&f, "quantization_config");
         if (quant) {
                 if (!cJSON_IsObject(quant))
-                        return field_error(&f, -DS_ERR_FORMAT, "quantization_config", quant,
-                                "an object");
-                Field q = { name, "quantization_config.", quant, err };
+                        return field_error(
+                                &f, -DS_ERR_FORMAT, "quantization_config", quant, "an object");
+                Field q = {name, "quantization_config.", quant, err};
                 r = parse_quant(&q, false, &info);
                 if (r < 0)
                         return r;
@@ -699,9 +727,9 @@ int model_config_load(const char *dir, BkConfig *ret_cfg, ModelInfo *ret_info, D
                         if (r < 0)
                                 return r;
                         if (!cJSON_IsObject(qroot))
-                                return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object",
-                                        qpath);
-                        Field q = { qpath, "", qroot, err };
+                                return ds_error(
+                                        err, -DS_ERR_FORMAT, "%s: not a JSON object", qpath);
+                        Field q = {qpath, "", qroot, err};
                         r = parse_quant(&q, true, &info);
                         if (r < 0)
                                 return r;

@@ -54,8 +54,7 @@ static const char *shape_str(const uint64_t *shape, uint32_t n, char *buf, size_
 
         at += (size_t) snprintf(buf, size, "[");
         for (uint32_t i = 0; i < n && at < size; i++)
-                at += (size_t) snprintf(buf + at, size - at, "%s%" PRIu64, i ? ", " : "",
-                        shape[i]);
+                at += (size_t) snprintf(buf + at, size - at, "%s%" PRIu64, i ? ", " : "", shape[i]);
         if (at < size)
                 snprintf(buf + at, size - at, "]");
         return buf;
@@ -78,7 +77,7 @@ static int get_tensor(Loader *L, const char *name, bool want_float, StDtype want
 {
         const StArchive *a = L->m->archive;
         const StTensor *t = st_archive_find(a, name);
-        uint64_t shape[2] = { d0, d1 };
+        uint64_t shape[2] = {d0, d1};
         char got[128], exp[64];
 
         if (!t)
@@ -155,7 +154,8 @@ static int quantize_linear(Loader *L, const StTensor *t, BkLinear *lin)
 
         if (lin->in % QUANT_GROUP != 0 || lin->out % 8 != 0)
                 return ds_error(L->err, -DS_ERR_UNSUPPORTED,
-                        "%s: tensor '%s': cannot quantize [%u, %u] to INT4: inputs must be a multiple of %u and outputs of 8",
+                        "%s: tensor '%s': cannot quantize [%u, %u] to INT4: inputs must be a "
+                        "multiple of %u and outputs of 8",
                         t->file, t->name, lin->out, lin->in, QUANT_GROUP);
         w = malloc(n * sizeof(*w));
         if (!w)
@@ -163,14 +163,15 @@ static int quantize_linear(Loader *L, const StTensor *t, BkLinear *lin)
         for (uint64_t i = 0; i < n; i++)
                 w[i] = tensor_float(t, i);
         qweight = model_alloc(L->m, (size_t) lin->in * (lin->out / 8) * sizeof(*qweight));
-        qzeros = qweight ? model_alloc(L->m, (size_t) groups * (lin->out / 8) * sizeof(*qzeros)) : NULL;
+        qzeros = qweight ? model_alloc(L->m, (size_t) groups * (lin->out / 8) * sizeof(*qzeros))
+                         : NULL;
         scales = qzeros ? model_alloc(L->m, (size_t) groups * lin->out * sizeof(*scales)) : NULL;
         if (!scales)
                 return -ENOMEM;
         r = awq_quantize_rtn(w, lin->in, lin->out, QUANT_GROUP, qweight, qzeros, scales);
         if (r < 0)
-                return ds_error(L->err, r, "%s: tensor '%s': INT4 quantization failed", t->file,
-                        t->name);
+                return ds_error(
+                        L->err, r, "%s: tensor '%s': INT4 quantization failed", t->file, t->name);
 
         lin->kind = BK_LINEAR_AWQ;
         lin->qweight = qweight;
@@ -199,13 +200,14 @@ static int load_linear(Loader *L, const char *prefix, uint32_t in, uint32_t out,
         const StTensor *t;
         int r;
 
-        *ret = (BkLinear) { .in = in, .out = out };
+        *ret = (BkLinear){.in = in, .out = out};
         if (in_block && gs && !not_converted(info, prefix)) {
                 const void *p;
 
                 if (in % gs != 0 || out % 8 != 0)
                         return ds_error(L->err, -DS_ERR_FORMAT,
-                                "%s: '%s' has %u inputs and %u outputs, which AWQ group size %u cannot pack",
+                                "%s: '%s' has %u inputs and %u outputs, which AWQ group size %u "
+                                "cannot pack",
                                 st_archive_name(L->m->archive), prefix, in, out, gs);
                 ret->kind = BK_LINEAR_AWQ;
                 ret->group_size = gs;
@@ -232,7 +234,8 @@ static int load_linear(Loader *L, const char *prefix, uint32_t in, uint32_t out,
                         snprintf(qname, sizeof(qname), "%s.qweight", prefix);
                         if (st_archive_find(L->m->archive, qname))
                                 return ds_error(L->err, -DS_ERR_FORMAT,
-                                        "%s: tensor '%s' is missing, but '%s' is present: config.json lacks its AWQ quantization_config",
+                                        "%s: tensor '%s' is missing, but '%s' is present: "
+                                        "config.json lacks its AWQ quantization_config",
                                         st_archive_name(L->m->archive), name, qname);
                 }
                 r = get_tensor(L, name, true, 0, 2, out, in, &t);
@@ -305,8 +308,8 @@ static int load_mla(Loader *L, uint32_t l, BkLayer *ret)
         if (r < 0)
                 return r;
         snprintf(name, sizeof(name), "model.layers.%u.self_attn.kv_a_proj_with_mqa", l);
-        r = load_linear(L, name, c->hidden, m->kv_lora_rank + m->qk_rope_dim, false, true,
-                &ret->mla.kv_a);
+        r = load_linear(
+                L, name, c->hidden, m->kv_lora_rank + m->qk_rope_dim, false, true, &ret->mla.kv_a);
         if (r < 0)
                 return r;
         snprintf(name, sizeof(name), "model.layers.%u.self_attn.kv_a_layernorm.weight", l);
@@ -408,9 +411,9 @@ static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
                 const char *name;
                 size_t off;
         } attn[] = {
-                { "q_proj", offsetof(BkLayer, q) },
-                { "k_proj", offsetof(BkLayer, k) },
-                { "v_proj", offsetof(BkLayer, v) },
+                {"q_proj", offsetof(BkLayer, q)},
+                {"k_proj", offsetof(BkLayer, k)},
+                {"v_proj", offsetof(BkLayer, v)},
         };
         char name[256];
         int r;
@@ -454,7 +457,9 @@ static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
 static void describe_quant(Model *m, const ModelOptions *opt)
 {
         static const char *const names[_BK_DT_MAX] = {
-                [BK_DT_F32] = "f32", [BK_DT_F16] = "f16", [BK_DT_BF16] = "bf16",
+                [BK_DT_F32] = "f32",
+                [BK_DT_F16] = "f16",
+                [BK_DT_BF16] = "bf16",
         };
 
         if (m->info.group_size)
@@ -482,7 +487,7 @@ int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *e
         m->dir = strdup(dir);
         if (!m->dir)
                 return -ENOMEM;
-        L = (Loader) { m, opt, err };
+        L = (Loader){m, opt, err};
         c = &m->bk.cfg;
 
         r = model_config_load(dir, c, &m->info, err);
@@ -515,11 +520,13 @@ int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *e
         if (r < 0)
                 return r;
         if (m->info.tie_embeddings)
-                m->bk.lm_head = (BkLinear) { .kind = BK_LINEAR_DENSE, .in = c->hidden,
-                        .out = c->vocab_size, .w = m->bk.embed };
+                m->bk.lm_head = (BkLinear){.kind = BK_LINEAR_DENSE,
+                        .in = c->hidden,
+                        .out = c->vocab_size,
+                        .w = m->bk.embed};
         else {
-                r = load_linear(&L, "lm_head", c->hidden, c->vocab_size, false, false,
-                        &m->bk.lm_head);
+                r = load_linear(
+                        &L, "lm_head", c->hidden, c->vocab_size, false, false, &m->bk.lm_head);
                 if (r < 0)
                         return r;
         }

@@ -21,14 +21,21 @@ static const struct {
         const char *name;
         size_t size;
 } dtypes[_ST_DTYPE_MAX] = {
-        [ST_BOOL] = { "BOOL", 1 },      [ST_U8] = { "U8", 1 },
-        [ST_I8] = { "I8", 1 },          [ST_F8_E5M2] = { "F8_E5M2", 1 },
-        [ST_F8_E4M3] = { "F8_E4M3", 1 }, [ST_I16] = { "I16", 2 },
-        [ST_U16] = { "U16", 2 },        [ST_F16] = { "F16", 2 },
-        [ST_BF16] = { "BF16", 2 },      [ST_I32] = { "I32", 4 },
-        [ST_U32] = { "U32", 4 },        [ST_F32] = { "F32", 4 },
-        [ST_F64] = { "F64", 8 },        [ST_I64] = { "I64", 8 },
-        [ST_U64] = { "U64", 8 },
+        [ST_BOOL] = {"BOOL", 1},
+        [ST_U8] = {"U8", 1},
+        [ST_I8] = {"I8", 1},
+        [ST_F8_E5M2] = {"F8_E5M2", 1},
+        [ST_F8_E4M3] = {"F8_E4M3", 1},
+        [ST_I16] = {"I16", 2},
+        [ST_U16] = {"U16", 2},
+        [ST_F16] = {"F16", 2},
+        [ST_BF16] = {"BF16", 2},
+        [ST_I32] = {"I32", 4},
+        [ST_U32] = {"U32", 4},
+        [ST_F32] = {"F32", 4},
+        [ST_F64] = {"F64", 8},
+        [ST_I64] = {"I64", 8},
+        [ST_U64] = {"U64", 8},
 };
 
 const char *st_dtype_name(StDtype t)
@@ -127,8 +134,8 @@ static const char *shape_str(const StTensor *t, char *buf, size_t size)
 
         at += (size_t) snprintf(buf, size, "[");
         for (uint32_t i = 0; i < t->n_dims && at < size; i++)
-                at += (size_t) snprintf(buf + at, size - at, "%s%" PRIu64, i ? ", " : "",
-                        t->shape[i]);
+                at += (size_t) snprintf(
+                        buf + at, size - at, "%s%" PRIu64, i ? ", " : "", t->shape[i]);
         if (at < size)
                 snprintf(buf + at, size - at, "]");
         return buf;
@@ -144,13 +151,13 @@ static int parse_entry(const char *file, const cJSON *e, StTensor *t, uint64_t *
         char sbuf[256];
 
         if (!cJSON_IsObject(e))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s': entry is not an object",
-                        file, name);
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: tensor '%s': entry is not an object", file, name);
 
         dtype = cJSON_GetObjectItemCaseSensitive(e, "dtype");
         if (!cJSON_IsString(dtype))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s': 'dtype' is missing or not a string",
-                        file, name);
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: tensor '%s': 'dtype' is missing or not a string", file, name);
         t->dtype = dtype_from_name(dtype->valuestring);
         if (t->dtype < 0)
                 return ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s': unknown dtype '%.32s'", file,
@@ -158,10 +165,11 @@ static int parse_entry(const char *file, const cJSON *e, StTensor *t, uint64_t *
 
         shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
         if (!cJSON_IsArray(shape))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s': 'shape' is missing or not an array",
-                        file, name);
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: tensor '%s': 'shape' is missing or not an array", file, name);
         t->n_dims = 0;
-        cJSON_ArrayForEach(d, shape) {
+        cJSON_ArrayForEach(d, shape)
+        {
                 if (t->n_dims == ST_MAX_DIMS)
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: tensor '%s': shape has more than %d dimensions", file, name,
@@ -176,8 +184,8 @@ static int parse_entry(const char *file, const cJSON *e, StTensor *t, uint64_t *
                 t->n_dims++;
         }
         if (__builtin_mul_overflow(numel, (uint64_t) st_dtype_size(t->dtype), &n_bytes))
-                return ds_error(err, -DS_ERR_FORMAT, "%s: tensor '%s': shape overflows the byte count",
-                        file, name);
+                return ds_error(err, -DS_ERR_FORMAT,
+                        "%s: tensor '%s': shape overflows the byte count", file, name);
         t->numel = numel;
         t->n_bytes = n_bytes;
 
@@ -190,7 +198,8 @@ static int parse_entry(const char *file, const cJSON *e, StTensor *t, uint64_t *
                         "%s: tensor '%s': data_offsets are not non-negative integers", file, name);
         if (begin > end)
                 return ds_error(err, -DS_ERR_FORMAT,
-                        "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin",
+                        "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                        "] end before they begin",
                         file, name, begin, end);
         if (end - begin != n_bytes)
                 return ds_error(err, -DS_ERR_FORMAT,
@@ -209,10 +218,8 @@ static int check_metadata(const char *file, const cJSON *m, DsError *err)
 
         if (!cJSON_IsObject(m))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: '__metadata__' is not an object", file);
-        cJSON_ArrayForEach(v, m)
-                if (!cJSON_IsString(v))
-                        return ds_error(err, -DS_ERR_FORMAT,
-                                "%s: '__metadata__' entry '%s' is not a string", file, v->string);
+        cJSON_ArrayForEach(v, m) if (!cJSON_IsString(v)) return ds_error(err, -DS_ERR_FORMAT,
+                "%s: '__metadata__' entry '%s' is not a string", file, v->string);
         return 0;
 }
 
@@ -245,8 +252,8 @@ static int tensor_name_cmp(const void *a, const void *b)
 
 /* The reference reader's layout rule: sorted by offset, the entries tile the data buffer
  * exactly, from 0 to its end, with no gap and no overlap. */
-static int check_layout(const char *file, const StTensor *t, Span *spans, size_t n,
-        uint64_t data_len, DsError *err)
+static int check_layout(
+        const char *file, const StTensor *t, Span *spans, size_t n, uint64_t data_len, DsError *err)
 {
         uint64_t at = 0;
 
@@ -296,7 +303,8 @@ int st_parse(const char *name, const uint8_t *buf, size_t size, StTensor **ret_t
                 return -EINVAL;
         if (size < 8)
                 return ds_error(err, -DS_ERR_FORMAT,
-                        "%s: file is %zu bytes, too short for the 8-byte header length", name, size);
+                        "%s: file is %zu bytes, too short for the 8-byte header length", name,
+                        size);
         for (int i = 7; i >= 0; i--)
                 hlen = hlen << 8 | buf[i];
         if (hlen > ST_HEADER_MAX)
@@ -340,7 +348,8 @@ int st_parse(const char *name, const uint8_t *buf, size_t size, StTensor **ret_t
                 return -ENOMEM;
         }
 
-        cJSON_ArrayForEach(e, root) {
+        cJSON_ArrayForEach(e, root)
+        {
                 StTensor *t = &tensors[n];
 
                 if (!strcmp(e->string, "__metadata__")) {
@@ -562,8 +571,7 @@ static bool shard_name_ok(const char *s)
         return *s && !strchr(s, '/') && !strstr(s, "..");
 }
 
-static int archive_open_sharded(StArchive *a, const char *dir, const char *index_path,
-        DsError *err)
+static int archive_open_sharded(StArchive *a, const char *dir, const char *index_path, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *root = NULL;
         _cleanup_free_ char *text = NULL;
@@ -580,11 +588,12 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", index_path);
         map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
         if (!cJSON_IsObject(map) || !map->child)
-                return ds_error(err, -DS_ERR_FORMAT, "%s: 'weight_map' is missing or empty",
-                        index_path);
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: 'weight_map' is missing or empty", index_path);
 
         /* Open each named shard once, in order of first mention. */
-        cJSON_ArrayForEach(e, map) {
+        cJSON_ArrayForEach(e, map)
+        {
                 _cleanup_free_ char *path = NULL;
                 bool seen = false;
 
@@ -594,7 +603,8 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
                                 e->string);
                 if (!shard_name_ok(e->valuestring))
                         return ds_error(err, -DS_ERR_FORMAT,
-                                "%s: weight_map entry '%s' names shard '%s', which is not a plain file name",
+                                "%s: weight_map entry '%s' names shard '%s', which is not a plain "
+                                "file name",
                                 index_path, e->string, e->valuestring);
                 if (asprintf(&path, "%s/%s", dir, e->valuestring) < 0) {
                         path = NULL;
@@ -606,8 +616,8 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
                         continue;
                 r = archive_add_file(a, path, err);
                 if (r < 0)
-                        return ds_error_prefix(err, "%s: weight_map entry '%s'", index_path,
-                                e->string);
+                        return ds_error_prefix(
+                                err, "%s: weight_map entry '%s'", index_path, e->string);
         }
 
         r = archive_build_index(a, err);
@@ -615,7 +625,8 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
                 return r;
 
         /* weight_map and the shards must agree both ways. */
-        cJSON_ArrayForEach(e, map) {
+        cJSON_ArrayForEach(e, map)
+        {
                 const StTensor *t = st_archive_find(a, e->string);
                 const char *base;
 
@@ -637,8 +648,8 @@ static int archive_open_sharded(StArchive *a, const char *dir, const char *index
                                 a->index[i]->name, index_path);
         /* Duplicate keys in weight_map would each pass the checks above; count them. */
         if ((size_t) cJSON_GetArraySize(map) != a->n)
-                return ds_error(err, -DS_ERR_FORMAT, "%s: weight_map lists a tensor twice",
-                        index_path);
+                return ds_error(
+                        err, -DS_ERR_FORMAT, "%s: weight_map lists a tensor twice", index_path);
         return 0;
 }
 

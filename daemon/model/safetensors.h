@@ -10,15 +10,26 @@
 #include "error.h"
 
 typedef enum StDtype {
-        ST_BOOL, ST_U8, ST_I8, ST_F8_E5M2, ST_F8_E4M3,
-        ST_I16, ST_U16, ST_F16, ST_BF16,
-        ST_I32, ST_U32, ST_F32,
-        ST_F64, ST_I64, ST_U64,
+        ST_BOOL,
+        ST_U8,
+        ST_I8,
+        ST_F8_E5M2,
+        ST_F8_E4M3,
+        ST_I16,
+        ST_U16,
+        ST_F16,
+        ST_BF16,
+        ST_I32,
+        ST_U32,
+        ST_F32,
+        ST_F64,
+        ST_I64,
+        ST_U64,
         _ST_DTYPE_MAX,
         _ST_DTYPE_INVALID = -EINVAL,
 } StDtype;
 
-#define ST_MAX_DIMS 8
+#define ST_MAX_DIMS   8
 #define ST_HEADER_MAX 100000000ull
 
 typedef struct StTensor {
@@ -27,9 +38,9 @@ typedef struct StTensor {
         uint32_t n_dims;
         uint64_t shape[ST_MAX_DIMS];
         uint64_t numel;
-        const void *data;   /* inside the mapping; not necessarily aligned */
+        const void *data; /* inside the mapping; not necessarily aligned */
         uint64_t n_bytes;
-        const char *file;   /* path of the file that holds it, for messages */
+        const char *file; /* path of the file that holds it, for messages */
 } StTensor;
 
 typedef struct StFile StFile;

@@ -62,7 +62,8 @@ static const char *config_template(const cJSON *root)
                 return v->valuestring;
         if (!cJSON_IsArray(v))
                 return NULL;
-        cJSON_ArrayForEach (e, v) {
+        cJSON_ArrayForEach(e, v)
+        {
                 const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
                 const cJSON *tpl = cJSON_GetObjectItemCaseSensitive(e, "template");
                 if (cJSON_IsString(name) && !strcmp(name->valuestring, "default") &&

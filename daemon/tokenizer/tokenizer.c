@@ -155,7 +155,8 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
                 return ds_error(err, -DS_ERR_FORMAT, "%s: a BPE flag is not a boolean", name);
 
         const cJSON *e;
-        cJSON_ArrayForEach (e, vocab) {
+        cJSON_ArrayForEach(e, vocab)
+        {
                 if (!e->string || !jint(e, 0, TOK_ID_MAX - 1, &id))
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: vocab entry '%s' needs an id below %u", name, e->string ?: "",
@@ -170,7 +171,8 @@ static int parse_model(Tokenizer *t, const cJSON *model, const char *name, DsErr
         }
 
         size_t rank = 0;
-        cJSON_ArrayForEach (e, merges) {
+        cJSON_ArrayForEach(e, merges)
+        {
                 _cleanup_free_ char *buf = NULL, *joined = NULL;
                 const char *a, *b;
 
@@ -263,7 +265,8 @@ static int parse_added(Tokenizer *t, const cJSON *added, const char *name, DsErr
         if (!t->added)
                 return ds_error(err, -ENOMEM, "%s: out of memory", name);
 
-        cJSON_ArrayForEach (e, added) {
+        cJSON_ArrayForEach(e, added)
+        {
                 AddedToken *a = &t->added[t->n_added];
                 const char *content = jstr(e, "content");
 
@@ -350,7 +353,8 @@ static int parse_normalizer(
                 if (!cJSON_IsArray(list))
                         return ds_error(
                                 err, -DS_ERR_FORMAT, "%s: normalizer Sequence needs a list", name);
-                cJSON_ArrayForEach (e, list) {
+                cJSON_ArrayForEach(e, list)
+                {
                         r = parse_normalizer(t, e, name, depth + 1, err);
                         if (r < 0)
                                 return r;
@@ -501,7 +505,8 @@ static int parse_pre_tokenizer(
                 if (!cJSON_IsArray(list))
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: pre_tokenizer Sequence needs a list", name);
-                cJSON_ArrayForEach (e, list) {
+                cJSON_ArrayForEach(e, list)
+                {
                         r = parse_pre_tokenizer(t, e, name, depth + 1, err);
                         if (r < 0)
                                 return r;
@@ -572,7 +577,8 @@ static int parse_decoder(
 
         /* The SentencePiece chain, each step optional but in this order. */
         t->decoder = DECODER_SENTENCEPIECE;
-        cJSON_ArrayForEach (e, jget(d, "decoders")) {
+        cJSON_ArrayForEach(e, jget(d, "decoders"))
+        {
                 const char *st = jstr(e, "type") ?: "(untyped)";
                 if (!strcmp(st, "Replace") && stage <= S_REPLACE) {
                         spec->replace_from = jstr(jget(e, "pattern"), "String");

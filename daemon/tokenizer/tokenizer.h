@@ -32,8 +32,8 @@ int tokenizer_load(const char *path, Tokenizer **ret, DsError *err);
 
 /* The same from a tokenizer.json already in memory (len bytes, no NUL needed); name is
  * what error messages call it. */
-int tokenizer_load_from_memory(const char *json, size_t len, const char *name, Tokenizer **ret,
-        DsError *err);
+int tokenizer_load_from_memory(
+        const char *json, size_t len, const char *name, Tokenizer **ret, DsError *err);
 
 /* Converts a llama2.c tokenizer.bin (int32 max_token_length, then per token float32 score,
  * int32 length, bytes) of vocab_size tokens into a Llama-2-style tokenizer.json: pieces
@@ -41,14 +41,13 @@ int tokenizer_load_from_memory(const char *json, size_t len, const char *name, T
  * merges derived the way Hugging Face's SentencePiece converter does (every split of a
  * piece into two pieces, ranked by the merged piece's score, highest first). Encoding
  * with the result equals llama2.c run.c's encode(). *ret_json is malloc'ed. */
-int tokenizer_json_from_llama2c(const char *tok_bin_path, uint32_t vocab_size, char **ret_json,
-        DsError *err);
+int tokenizer_json_from_llama2c(
+        const char *tok_bin_path, uint32_t vocab_size, char **ret_json, DsError *err);
 
 /* Reads tokenizer_config.json: bos/eos tokens, add_bos_token and the chat template
  * family, recognised from the template text. A missing file is not an error. When the
  * template is of no known family, *ret_unknown_template is set so the caller can warn. */
-int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template,
-        DsError *err);
+int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template, DsError *err);
 
 Tokenizer *tokenizer_free(Tokenizer *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Tokenizer *, tokenizer_free);
@@ -64,10 +63,10 @@ int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int32_t *
 int tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, char **ret_text,
         size_t *ret_len, DsError *err);
 
-uint32_t tokenizer_n_vocab(const Tokenizer *t);           /* highest id + 1 */
+uint32_t tokenizer_n_vocab(const Tokenizer *t);                    /* highest id + 1 */
 int32_t tokenizer_token_id(const Tokenizer *t, const char *token); /* -1 when absent */
-int32_t tokenizer_bos(const Tokenizer *t);                /* -1 when none */
-int32_t tokenizer_eos(const Tokenizer *t);                /* -1 when none */
+int32_t tokenizer_bos(const Tokenizer *t);                         /* -1 when none */
+int32_t tokenizer_eos(const Tokenizer *t);                         /* -1 when none */
 /* From tokenizer_config.json; without one, true exactly for SentencePiece-style files
  * that have a "<s>" token (Llama's habit), false for byte-level BPE. */
 bool tokenizer_add_bos(const Tokenizer *t);
@@ -99,11 +98,11 @@ int tok_stream_push(TokStream *s, int32_t id, char out[static TOK_STREAM_OUT_MAX
 int tok_stream_flush(TokStream *s, char out[static TOK_STREAM_OUT_MAX]);
 
 typedef struct ChatMessage {
-        const char *role;    /* "system", "user" or "assistant" */
+        const char *role; /* "system", "user" or "assistant" */
         const char *content;
 } ChatMessage;
 
 /* Renders messages with the family's template (with the generation prompt), ready for
  * tokenizer_encode(). The template supplies any BOS itself. */
-int chat_render(const Tokenizer *t, const ChatMessage *msgs, size_t n, char **ret_text,
-        DsError *err);
+int chat_render(
+        const Tokenizer *t, const ChatMessage *msgs, size_t n, char **ret_text, DsError *err);

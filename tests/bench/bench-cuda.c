@@ -133,8 +133,8 @@ int main(int argc, char **argv)
         double t0 = now_s();
         CHECK(model_load(argv[1], &(ModelOptions){0}, &model, &err) == 0, "%s", err.msg);
         double t_map = now_s() - t0;
-        CHECK(ops->create(&(BkOptions){.device = getenv("DSD_BENCH_DEVICE")}, &b, &err) == 0,
-                "%s", err.msg);
+        CHECK(ops->create(&(BkOptions){.device = getenv("DSD_BENCH_DEVICE")}, &b, &err) == 0, "%s",
+                err.msg);
         CHECK(ops->load(b, &model->bk, &err) == 0, "%s", err.msg);
         double t_load = now_s() - t0;
         cudaMemGetInfo(&free1, &total);
@@ -173,8 +173,11 @@ int main(int argc, char **argv)
                 nvtxRangePushA(name);
                 for (int i = 0; i < 6; i++) {
                         int32_t id;
-                        BkSeq s = {.tokens = prompt, .n_tokens = lens[k], .blocks = blocks,
-                                .n_blocks = 2048 / BT, .sample = true,
+                        BkSeq s = {.tokens = prompt,
+                                .n_tokens = lens[k],
+                                .blocks = blocks,
+                                .n_blocks = 2048 / BT,
+                                .sample = true,
                                 .sampling = {.repetition_penalty = 1}};
                         double s0 = now_s();
                         CHECK(ops->step(b, &s, 1, &id, &err) == 0, "%s", err.msg);
@@ -207,10 +210,12 @@ int main(int argc, char **argv)
                 nvtxRangePushA(name);
                 for (int step = 0; step < WARMUP + DECODE; step++) {
                         for (uint32_t s = 0; s < n; s++)
-                                q[s] = (BkSeq){.tokens = &cur[s], .n_tokens = 1,
+                                q[s] = (BkSeq){.tokens = &cur[s],
+                                        .n_tokens = 1,
                                         .pos = CTX + (uint32_t) step,
                                         .blocks = &tables[s * blocks_per_seq],
-                                        .n_blocks = blocks_per_seq, .sample = true,
+                                        .n_blocks = blocks_per_seq,
+                                        .sample = true,
                                         .sampling = {.repetition_penalty = 1}};
                         double s0 = now_s();
                         CHECK(ops->step(b, q, n, ids, &err) == 0, "%s", err.msg);

@@ -37,9 +37,9 @@ int main(void)
 
         CHECK(engine_open(test_build("models/tiny"), NULL, &e, &err) == 0, "%s", err.msg);
 
-        GenParams gp = { .max_tokens = 48, .sampling = { .temperature = 0, .top_p = 1 } };
-        CHECK(engine_generate(e, "The quick brown fox", &gp, collect, &full, &res, &err) == 0,
-                "%s", err.msg);
+        GenParams gp = {.max_tokens = 48, .sampling = {.temperature = 0, .top_p = 1}};
+        CHECK(engine_generate(e, "The quick brown fox", &gp, collect, &full, &res, &err) == 0, "%s",
+                err.msg);
         CHECK(res.generated_tokens == 48 || res.finish == FINISH_EOS, "%u tokens, finish %s",
                 res.generated_tokens, finish_reason_name(res.finish));
         CHECK(full.len >= 8, "only %zu bytes of output to pick a stop string from", full.len);
@@ -58,18 +58,18 @@ int main(void)
         CHECK(first, "stop string not found");
         size_t expect = (size_t) (first - full.buf);
 
-        const char *stops[] = { "never-generated-\x01", stop };
+        const char *stops[] = {"never-generated-\x01", stop};
         gp.stops = stops;
         gp.n_stops = 2;
-        CHECK(engine_generate(e, "The quick brown fox", &gp, collect, &cut, &res, &err) == 0,
-                "%s", err.msg);
+        CHECK(engine_generate(e, "The quick brown fox", &gp, collect, &cut, &res, &err) == 0, "%s",
+                err.msg);
         CHECK(res.finish == FINISH_STOP, "finish %s", finish_reason_name(res.finish));
         CHECK(cut.len == expect && !memcmp(cut.buf, full.buf, expect),
-                "stop '%s': got %zu bytes, want the %zu before its first occurrence", stop,
-                cut.len, expect);
+                "stop '%s': got %zu bytes, want the %zu before its first occurrence", stop, cut.len,
+                expect);
 
         /* A stop string that never matches holds text back but loses none of it. */
-        const char *never[] = { "\x01\x02" };
+        const char *never[] = {"\x01\x02"};
         gp.stops = never;
         gp.n_stops = 1;
         CHECK(engine_generate(e, "The quick brown fox", &gp, collect, &again, &res, &err) == 0,

@@ -62,8 +62,8 @@ static inline float *rnd_f32(size_t n, float lo, float hi)
 }
 
 /* A random linear; memory is leaked on purpose (tests are short-lived processes). */
-static inline BkLinear rnd_linear(bool awq, uint32_t in, uint32_t out, uint32_t gs, bool bias,
-        BkDtype dense_dtype)
+static inline BkLinear rnd_linear(
+        bool awq, uint32_t in, uint32_t out, uint32_t gs, bool bias, BkDtype dense_dtype)
 {
         BkLinear l = {.kind = awq ? BK_LINEAR_AWQ : BK_LINEAR_DENSE, .in = in, .out = out};
         float scale = 1.0f / sqrtf((float) in);
@@ -112,9 +112,14 @@ static inline BkModel rnd_model(const RndShape *s)
                 .vocab_sample = s->vocab - 3,
                 .max_positions = 4096,
                 .rms_eps = 1e-6f,
-                .rope = {.type = s->rope, .theta = 10000.0f, .factor = 4.0f,
-                        .low_freq_factor = 1.0f, .high_freq_factor = 4.0f,
-                        .original_max_pos = 512, .beta_fast = 32.0f, .beta_slow = 1.0f,
+                .rope = {.type = s->rope,
+                        .theta = 10000.0f,
+                        .factor = 4.0f,
+                        .low_freq_factor = 1.0f,
+                        .high_freq_factor = 4.0f,
+                        .original_max_pos = 512,
+                        .beta_fast = 32.0f,
+                        .beta_slow = 1.0f,
                         .attention_factor = 1.1f},
         };
         m.embed = (BkTensor){BK_DT_F16, rnd_f16((size_t) s->vocab * s->hidden, -1.0f, 1.0f)};
@@ -147,8 +152,8 @@ static inline double rel_err(const float *a, const float *b, size_t n)
         return sqrt(d) / sqrt(r);
 }
 
-static inline Backend *backend_open(const BackendOps *ops, const BkModel *m, const char *device,
-        uint32_t blocks)
+static inline Backend *backend_open(
+        const BackendOps *ops, const BkModel *m, const char *device, uint32_t blocks)
 {
         DsError err = {0};
         Backend *b = NULL;

@@ -22,9 +22,14 @@ static int32_t step(Backend *b, const int32_t *tokens, uint32_t n, uint32_t pos,
 
         for (uint32_t i = 0; i < FIX_MAX_BLOCKS; i++)
                 blocks[i] = FIX_MAX_BLOCKS - 1 - i;
-        BkSeq s = {.tokens = tokens, .n_tokens = n, .pos = pos, .blocks = blocks,
-                .n_blocks = FIX_MAX_BLOCKS, .sample = true,
-                .sampling = {.temperature = 0, .repetition_penalty = 1}, .logits = logits};
+        BkSeq s = {.tokens = tokens,
+                .n_tokens = n,
+                .pos = pos,
+                .blocks = blocks,
+                .n_blocks = FIX_MAX_BLOCKS,
+                .sample = true,
+                .sampling = {.temperature = 0, .repetition_penalty = 1},
+                .logits = logits};
         CHECK(backend_cuda_ops.step(b, &s, 1, &id, &err) == 0, "step: %s", err.msg);
         return id;
 }

@@ -22,8 +22,8 @@ static double check(const BkLinear *l, uint32_t rows)
         cpu_linear(l, x, rows, want, scratch);
         CHECK(cuda_test_linear(l, x, rows, got, &err) == 0, "%s", err.msg);
         double e = rel_err(got, want, (size_t) rows * l->out);
-        CHECK(e < TOL, "%s %u->%u rows %u: relative error %.3g", l->kind == BK_LINEAR_AWQ ? "awq" :
-                "dense", l->in, l->out, rows, e);
+        CHECK(e < TOL, "%s %u->%u rows %u: relative error %.3g",
+                l->kind == BK_LINEAR_AWQ ? "awq" : "dense", l->in, l->out, rows, e);
         free(x);
         free(want);
         free(got);
@@ -38,10 +38,14 @@ int main(void)
                 uint32_t in, out, gs;
                 BkDtype dt;
         } shapes[] = {
-                {true, 256, 72, 32, BK_DT_F16},   {true, 384, 200, 128, BK_DT_F16},
-                {true, 3584, 520, 128, BK_DT_F16}, {true, 1216, 96, 64, BK_DT_F16},
-                {false, 172, 64, 0, BK_DT_F32},   {false, 64, 174, 0, BK_DT_F32},
-                {false, 512, 1000, 0, BK_DT_F16}, {false, 30, 9, 0, BK_DT_F16},
+                {true, 256, 72, 32, BK_DT_F16},
+                {true, 384, 200, 128, BK_DT_F16},
+                {true, 3584, 520, 128, BK_DT_F16},
+                {true, 1216, 96, 64, BK_DT_F16},
+                {false, 172, 64, 0, BK_DT_F32},
+                {false, 64, 174, 0, BK_DT_F32},
+                {false, 512, 1000, 0, BK_DT_F16},
+                {false, 30, 9, 0, BK_DT_F16},
         };
         static const uint32_t rows[] = {1, 2, 5, 8, 13, 16, 37};
         double worst = 0;

@@ -8,7 +8,7 @@
  *    (the cuBLAS path): graph replays give the same ids as eager steps. */
 #include "gpu_util.h"
 
-#define TOL 1e-2
+#define TOL    1e-2
 #define BLOCKS 256
 
 static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
@@ -17,7 +17,8 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
         uint32_t V = m->cfg.vocab_size, n = 300;
         static uint32_t blocks[3][64];
         int32_t *tokens = (int32_t *) rnd_alloc(n * 4), ids[3];
-        float *a = (float *) rnd_alloc((size_t) n * V * 4), *b = (float *) rnd_alloc((size_t) n * V * 4);
+        float *a = (float *) rnd_alloc((size_t) n * V * 4),
+              *b = (float *) rnd_alloc((size_t) n * V * 4);
         double worst = 0;
 
         for (uint32_t s = 0; s < 3; s++)
@@ -29,9 +30,14 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
         /* the prompt in chunks of 1, 17 and the rest, for sequence 0 */
         uint32_t cuts[] = {0, 1, 18, n};
         for (uint32_t c = 0; c + 1 < ELEMENTSOF(cuts); c++) {
-                BkSeq s = {.tokens = tokens + cuts[c], .n_tokens = cuts[c + 1] - cuts[c],
-                        .pos = cuts[c], .blocks = blocks[0], .n_blocks = 64, .sample = true,
-                        .sampling = {.repetition_penalty = 1}, .logits = a};
+                BkSeq s = {.tokens = tokens + cuts[c],
+                        .n_tokens = cuts[c + 1] - cuts[c],
+                        .pos = cuts[c],
+                        .blocks = blocks[0],
+                        .n_blocks = 64,
+                        .sample = true,
+                        .sampling = {.repetition_penalty = 1},
+                        .logits = a};
                 CHECK(backend_cpu_ops.step(cpu, &s, 1, ids, &err) == 0, "%s", err.msg);
                 s.logits = b;
                 for (size_t i = 0; i < (size_t) s.n_tokens * V; i++)
@@ -44,8 +50,12 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
 
         /* three sequences: two short prompts, then decodes of all three together */
         for (uint32_t s = 1; s < 3; s++) {
-                BkSeq q = {.tokens = tokens, .n_tokens = 40 * s, .pos = 0, .blocks = blocks[s],
-                        .n_blocks = 64, .sampling = {.repetition_penalty = 1}};
+                BkSeq q = {.tokens = tokens,
+                        .n_tokens = 40 * s,
+                        .pos = 0,
+                        .blocks = blocks[s],
+                        .n_blocks = 64,
+                        .sampling = {.repetition_penalty = 1}};
                 CHECK(backend_cpu_ops.step(cpu, &q, 1, ids, &err) == 0, "%s", err.msg);
                 CHECK(backend_cuda_ops.step(gpu, &q, 1, ids, &err) == 0, "%s", err.msg);
         }
@@ -53,9 +63,13 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                 BkSeq q[3];
                 uint32_t pos[3] = {n + step, 40 + step, 80 + step};
                 for (uint32_t s = 0; s < 3; s++)
-                        q[s] = (BkSeq){.tokens = &tokens[step * 3 + s], .n_tokens = 1,
-                                .pos = pos[s], .blocks = blocks[s], .n_blocks = 64,
-                                .sample = true, .sampling = {.repetition_penalty = 1},
+                        q[s] = (BkSeq){.tokens = &tokens[step * 3 + s],
+                                .n_tokens = 1,
+                                .pos = pos[s],
+                                .blocks = blocks[s],
+                                .n_blocks = 64,
+                                .sample = true,
+                                .sampling = {.repetition_penalty = 1},
                                 .logits = a + (size_t) s * V};
                 CHECK(backend_cpu_ops.step(cpu, q, 3, ids, &err) == 0, "%s", err.msg);
                 for (uint32_t s = 0; s < 3; s++)
@@ -84,14 +98,22 @@ static void greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
                         blocks[s][i] = s * 8 + i;
                 for (uint32_t i = 0; i < 20; i++)
                         prompt[i] = (int32_t) ((s * 131 + i * 17) % V);
-                BkSeq p = {.tokens = prompt, .n_tokens = 20, .blocks = blocks[s], .n_blocks = 8,
-                        .sample = true, .sampling = {.repetition_penalty = 1}};
+                BkSeq p = {.tokens = prompt,
+                        .n_tokens = 20,
+                        .blocks = blocks[s],
+                        .n_blocks = 8,
+                        .sample = true,
+                        .sampling = {.repetition_penalty = 1}};
                 CHECK(backend_cuda_ops.step(b, &p, 1, &cur[s], &err) == 0, "%s", err.msg);
         }
         for (uint32_t step = 0; step < 24; step++) {
                 for (uint32_t s = 0; s < n; s++)
-                        q[s] = (BkSeq){.tokens = &cur[s], .n_tokens = 1, .pos = 20 + step,
-                                .blocks = blocks[s], .n_blocks = 8, .sample = true,
+                        q[s] = (BkSeq){.tokens = &cur[s],
+                                .n_tokens = 1,
+                                .pos = 20 + step,
+                                .blocks = blocks[s],
+                                .n_blocks = 8,
+                                .sample = true,
                                 .sampling = {.repetition_penalty = 1}};
                 int32_t next[20];
                 CHECK(backend_cuda_ops.step(b, q, n, next, &err) == 0, "%s", err.msg);
@@ -128,8 +150,10 @@ int main(void)
                         greedy(gpu, m.cfg.vocab_size, n, a);
                         greedy(eager, m.cfg.vocab_size, n, b);
                         for (uint32_t k = 0; k < 24 * n; k++)
-                                CHECK(a[k] == b[k], "model %zu batch %u: graph id %d, eager %d at "
-                                        "step %u", i, n, a[k], b[k], k / n);
+                                CHECK(a[k] == b[k],
+                                        "model %zu batch %u: graph id %d, eager %d at "
+                                        "step %u",
+                                        i, n, a[k], b[k], k / n);
                         printf("model %zu batch %u: graph ids == eager ids (24 steps)\n", i, n);
                 }
                 backend_cuda_ops.free(eager);

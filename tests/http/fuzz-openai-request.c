@@ -23,8 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 0:
         case 1: {
                 OaiRequest *q = NULL;
-                r = oai_request_parse(data[0] % 2 ? OAI_COMPLETION : OAI_CHAT, body, len, &q,
-                        &e);
+                r = oai_request_parse(data[0] % 2 ? OAI_COMPLETION : OAI_CHAT, body, len, &q, &e);
                 oai_request_free(q);
                 break;
         }

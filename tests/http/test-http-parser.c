@@ -17,7 +17,7 @@ typedef struct Result {
 /* Feeds msg in pieces of at most step bytes (0: all at once); stops at DONE or ERROR. */
 static Result feed(HttpParser *p, const char *msg, size_t len, size_t step)
 {
-        Result res = { .st = HTTP_PARSE_MORE };
+        Result res = {.st = HTTP_PARSE_MORE};
         size_t off = 0;
 
         while (off < len) {
@@ -87,7 +87,7 @@ static void test_pipelined(void)
         static const char msg[] = "GET /health HTTP/1.1\r\nHost: a\r\n\r\n"
                                   "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabc"
                                   "GET /metrics HTTP/1.0\r\n\r\n";
-        const char *paths[] = { "/health", "/x", "/metrics" };
+        const char *paths[] = {"/health", "/x", "/metrics"};
         HttpParser *p = parser();
         size_t off = 0;
 
@@ -95,8 +95,8 @@ static void test_pipelined(void)
                 size_t used;
                 HttpParseState st;
                 do {
-                        st = http_parser_feed(p, (const uint8_t *) msg + off,
-                                sizeof(msg) - 1 - off, &used);
+                        st = http_parser_feed(
+                                p, (const uint8_t *) msg + off, sizeof(msg) - 1 - off, &used);
                         off += used;
                 } while (st == HTTP_PARSE_HEAD);
                 CHECK(st == HTTP_PARSE_DONE, "request %d: %d", i, st);
@@ -134,8 +134,7 @@ static void test_statuses(void)
         CHECK(status_of("GET / HTTP/x\r\nHost: a\r\n\r\n") == 400, "bad version");
         CHECK(status_of("PUT / HTTP/1.1\r\nHost: a\r\n\r\n") == 501, "PUT");
         CHECK(status_of("POST / HTTP/1.1\r\nHost: a\r\n\r\n") == 411, "POST without length");
-        CHECK(status_of("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n") ==
-                        411,
+        CHECK(status_of("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n") == 411,
                 "chunked");
         CHECK(status_of("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n") == 501,
                 "gzip");
@@ -201,11 +200,9 @@ static void test_keep_alive_and_expect(void)
         CHECK(http_parser_feed(p, (const uint8_t *) m, len, &used) == HTTP_PARSE_HEAD, "head");
         CHECK(used == len - 2, "stops before the body");
         CHECK(p && http_parser_request(p) == NULL, "not complete");
-        CHECK(http_parser_feed(p, (const uint8_t *) m + used, 2, &used) == HTTP_PARSE_DONE,
-                "body");
+        CHECK(http_parser_feed(p, (const uint8_t *) m + used, 2, &used) == HTTP_PARSE_DONE, "body");
         CHECK(http_parser_request(p)->expect_continue, "expect_continue");
-        CHECK(http_parser_feed(p, (const uint8_t *) "x", 1, &used) == HTTP_PARSE_DONE &&
-                        used == 0,
+        CHECK(http_parser_feed(p, (const uint8_t *) "x", 1, &used) == HTTP_PARSE_DONE && used == 0,
                 "nothing consumed after DONE");
         http_parser_free(p);
 

@@ -16,14 +16,19 @@ int main(void)
         CHECK(metrics_new("mod\"el\\x\ny", &m) == 0, "new");
         /* One request: three tokens 1 ms apart, then a FINAL by length. */
         for (int i = 0; i < 3; i++) {
-                SchedEvent ev = { .type = SCHED_EV_TOKEN, .publish_ns = 1000000ull * (i + 1) };
+                SchedEvent ev = {.type = SCHED_EV_TOKEN, .publish_ns = 1000000ull * (i + 1)};
                 metrics_on_event(m, &ev, &last);
         }
-        SchedEvent fin = { .type = SCHED_EV_FINAL, .finish = FINISH_LENGTH,
-                .usage = { .prompt_tokens = 5, .generated_tokens = 3, .preemptions = 1,
-                        .queue_usec = 2000, .ttft_usec = 30000, .total_usec = 50000 } };
+        SchedEvent fin = {.type = SCHED_EV_FINAL,
+                .finish = FINISH_LENGTH,
+                .usage = {.prompt_tokens = 5,
+                        .generated_tokens = 3,
+                        .preemptions = 1,
+                        .queue_usec = 2000,
+                        .ttft_usec = 30000,
+                        .total_usec = 50000}};
         metrics_on_event(m, &fin, &last);
-        SchedEvent err = { .type = SCHED_EV_ERROR };
+        SchedEvent err = {.type = SCHED_EV_ERROR};
         metrics_on_event(m, &err, &last);
         metrics_add(m, METRIC_RELOADS, 2);
         metrics_add(m, METRIC_CLIENT_VIOLATIONS, 1);

@@ -27,8 +27,7 @@ static void expect_error(OaiKind kind, const char *body, const char *param)
         CHECK(strcmp(cJSON_GetObjectItem(err, "type")->valuestring, "invalid_request_error") == 0,
                 "type");
         cJSON *p = cJSON_GetObjectItem(err, "param");
-        CHECK(param[0] ? cJSON_IsString(p) && strcmp(p->valuestring, param) == 0
-                       : cJSON_IsNull(p),
+        CHECK(param[0] ? cJSON_IsString(p) && strcmp(p->valuestring, param) == 0 : cJSON_IsNull(p),
                 "param in json");
         CHECK(cJSON_HasObjectItem(err, "code"), "code");
         cJSON_Delete(j);
@@ -48,11 +47,13 @@ static void test_request_errors(void)
         expect_error(OAI_CHAT, "{\"messages\":[1]}", "messages[0]");
         expect_error(OAI_CHAT, "{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}",
                 "messages[0].role");
-        expect_error(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
-                               "{\"role\":\"user\"}]}",
+        expect_error(OAI_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},"
+                "{\"role\":\"user\"}]}",
                 "messages[1].content");
-        expect_error(OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
-                               "\"image_url\"}]}]}",
+        expect_error(OAI_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+                "\"image_url\"}]}]}",
                 "messages[0].content");
         expect_error(OAI_CHAT, "{" MSG ",\"model\":3}", "model");
         expect_error(OAI_CHAT, "{" MSG ",\"n\":2}", "n");
@@ -130,8 +131,7 @@ static void test_request_fields(void)
         oai_request_free(q);
 
         body = "{\"prompt\":[[1,2,3]],\"logprobs\":2,\"max_tokens\":null}";
-        CHECK(oai_request_parse(OAI_COMPLETION, body, strlen(body), &q, &e) == 0, "%s",
-                e.message);
+        CHECK(oai_request_parse(OAI_COMPLETION, body, strlen(body), &q, &e) == 0, "%s", e.message);
         CHECK(q->n_prompt_ids == 3 && q->prompt_ids[2] == 3, "ids");
         CHECK(q->logprobs && q->top_logprobs == 2, "legacy logprobs");
         CHECK(q->max_tokens == UINT32_MAX && q->sampling.temperature == 1.0f && !q->has_seed,
@@ -151,10 +151,10 @@ static cJSON *parse_sse(const StrBuf *b)
 
 static void test_builders(void)
 {
-        OaiResponse r = { .kind = OAI_CHAT, .id = "chatcmpl-1", .model = "m\"\n", .created = 5 };
-        OaiUsage u = { 3, 4 };
-        OaiLogprobs lp = { .kind = OAI_CHAT };
-        OaiLogprobEntry s = { "a\xff", 2, -0.5f }, top[2] = { { "a", 1, -0.5f }, { "\"", 1, -1 } };
+        OaiResponse r = {.kind = OAI_CHAT, .id = "chatcmpl-1", .model = "m\"\n", .created = 5};
+        OaiUsage u = {3, 4};
+        OaiLogprobs lp = {.kind = OAI_CHAT};
+        OaiLogprobEntry s = {"a\xff", 2, -0.5f}, top[2] = {{"a", 1, -0.5f}, {"\"", 1, -1}};
         StrBuf b = {};
 
         CHECK(oai_logprobs_add(&lp, &s, top, 2) == 0, "lp");
@@ -199,15 +199,16 @@ static void test_builders(void)
         CHECK(oai_stream_done(&b) == 0 && strcmp(b.data, "data: [DONE]\n\n") == 0, "done");
         strbuf_clear(&b);
 
-        OaiLogprobs lc = { .kind = OAI_COMPLETION };
+        OaiLogprobs lc = {.kind = OAI_COMPLETION};
         r.kind = OAI_COMPLETION;
-        CHECK(oai_logprobs_add(&lc, &top[0], top, 2) == 0 && oai_logprobs_add(&lc, &top[1],
-                top, 1) == 0, "legacy lp");
+        CHECK(oai_logprobs_add(&lc, &top[0], top, 2) == 0 &&
+                        oai_logprobs_add(&lc, &top[1], top, 1) == 0,
+                "legacy lp");
         CHECK(oai_response_json(&b, &r, "ab", 2, NULL, 0, &lc, "length", &u) == 0, "text");
         j = cJSON_Parse(b.data);
         CHECK(j, "text_completion parses: %s", b.data);
-        cJSON *l = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0),
-                "logprobs");
+        cJSON *l = cJSON_GetObjectItem(
+                cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
         CHECK(cJSON_GetArrayItem(cJSON_GetObjectItem(l, "text_offset"), 1)->valueint == 1,
                 "offsets");
         cJSON_Delete(j);

@@ -15,7 +15,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         ModelInfo info;
         DsError err = {};
 
-        if (model_config_parse("fuzz/config.json", (const char *) data, size, &c, &info, &err) < 0) {
+        if (model_config_parse("fuzz/config.json", (const char *) data, size, &c, &info, &err) <
+                0) {
                 if (!memchr(err.msg, 0, sizeof(err.msg)) || !strstr(err.msg, "fuzz/config.json")) {
                         fprintf(stderr, "message does not name the file: '%s'\n", err.msg);
                         __builtin_trap();

@@ -10,8 +10,9 @@
 #include "model.h"
 #include "test_util.h"
 
-#define BASE "\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":512," \
-        "\"intermediate_size\":1408,\"num_hidden_layers\":2,\"num_attention_heads\":4," \
+#define BASE                                                                                       \
+        "\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":512,"                            \
+        "\"intermediate_size\":1408,\"num_hidden_layers\":2,\"num_attention_heads\":4,"            \
         "\"vocab_size\":1024,\"max_position_embeddings\":4096"
 
 static void parse(const char *json, BkConfig *c, ModelInfo *info)
@@ -98,7 +99,8 @@ int main(void)
         snprintf(path, sizeof(path), "%s/quant_config.json", dir);
         CHECK((f = fopen(path, "w")) &&
                         fputs("{\"zero_point\":true,\"q_group_size\":128,\"w_bit\":4,"
-                              "\"version\":\"GEMM\"}", f) >= 0 &&
+                              "\"version\":\"GEMM\"}",
+                                f) >= 0 &&
                         fclose(f) == 0,
                 "write");
         int r = model_config_load(dir, &c, &info, &err);

@@ -13,7 +13,7 @@
 #include "test_util.h"
 
 /* AutoAWQ packs output column 8c + ORDER[i] into nibble i of word c. */
-static const unsigned ORDER[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+static const unsigned ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
 typedef struct RawFile {
         uint8_t *buf;
@@ -71,7 +71,7 @@ static const uint8_t *raw_tensor(const RawFile *f, const char *name, size_t *ret
 static uint32_t le32(const uint8_t *p)
 {
         return (uint32_t) p[0] | (uint32_t) p[1] << 8 | (uint32_t) p[2] << 16 |
-                (uint32_t) p[3] << 24;
+               (uint32_t) p[3] << 24;
 }
 
 /* IEEE half decoded by arithmetic, independently of common/half.h. */
@@ -114,8 +114,8 @@ static void check_awq_values(const RawFile *f, const char *prefix, const BkLinea
                 int z = (int) raw_nibble(qz, lin->out, g, n);
                 const uint8_t *s = sc + 2 * ((size_t) g * lin->out + n);
                 float want = (float) (q - z) * half_value((uint16_t) (s[0] | s[1] << 8));
-                float got = awq_weight(lin->qweight, lin->qzeros, lin->scales, lin->out,
-                        lin->group_size, k, n);
+                float got = awq_weight(
+                        lin->qweight, lin->qzeros, lin->scales, lin->out, lin->group_size, k, n);
                 CHECK(got == want, "%s W[%u][%u]: loader %g, file %g", prefix, k, n, got, want);
         }
 }
@@ -125,8 +125,8 @@ static void check_aligned(const void *p, size_t align, const char *what)
         CHECK(p && (uintptr_t) p % align == 0, "%s: %p not aligned to %zu", what, p, align);
 }
 
-static void check_awq_linear(const BkLinear *lin, uint32_t in, uint32_t out, bool bias,
-        const char *what)
+static void check_awq_linear(
+        const BkLinear *lin, uint32_t in, uint32_t out, bool bias, const char *what)
 {
         CHECK(lin->kind == BK_LINEAR_AWQ, "%s: not AWQ", what);
         CHECK(lin->in == in && lin->out == out, "%s: [%u, %u], want [%u, %u]", what, lin->in,
@@ -157,7 +157,7 @@ typedef struct Expect {
 
 static Model *check_fixture(const Expect *e)
 {
-        ModelOptions opt = { .progress = progress, .userdata = &progress_calls };
+        ModelOptions opt = {.progress = progress, .userdata = &progress_calls};
         Model *m = NULL;
         DsError err = {};
         BkConfig cfg;
@@ -183,7 +183,8 @@ static Model *check_fixture(const Expect *e)
         CHECK(c->rope.type == BK_ROPE_DEFAULT && c->rope.theta == e->theta, "%s: rope %g", e->dir,
                 c->rope.theta);
         CHECK(m->info.bos_id == e->bos, "%s: bos %d", e->dir, m->info.bos_id);
-        CHECK(e->eos < 0 ? m->info.n_eos == 0 : (m->info.n_eos == 1 && m->info.eos_ids[0] == e->eos),
+        CHECK(e->eos < 0 ? m->info.n_eos == 0
+                         : (m->info.n_eos == 1 && m->info.eos_ids[0] == e->eos),
                 "%s: eos", e->dir);
         CHECK(!strcmp(m->info.quant, "awq-int4 g128"), "%s: quant '%s'", e->dir, m->info.quant);
 
@@ -210,16 +211,15 @@ static Model *check_fixture(const Expect *e)
 
 static void check_values(const Model *m, const char *file)
 {
-        static const char *const lins[] = { "self_attn.q_proj", "self_attn.k_proj",
+        static const char *const lins[] = {"self_attn.q_proj", "self_attn.k_proj",
                 "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                "mlp.down_proj" };
+                "mlp.down_proj"};
         RawFile f = raw_open(test_shared(file));
         char prefix[128];
 
         for (uint32_t l = 0; l < m->bk.cfg.n_layers; l++) {
                 const BkLayer *L = &m->bk.layers[l];
-                const BkLinear *ptrs[] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up,
-                        &L->down };
+                const BkLinear *ptrs[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
                 for (size_t i = 0; i < ELEMENTSOF(lins); i++) {
                         snprintf(prefix, sizeof(prefix), "model.layers.%u.%s", l, lins[i]);
                         check_awq_values(&f, prefix, ptrs[i]);
@@ -277,12 +277,12 @@ static void check_same(const Model *a, const Model *b)
 
 int main(void)
 {
-        static const Expect qwen2 = { "fixtures/tiny-qwen2-awq", BK_ARCH_QWEN2, 1408, 2, 10000.0f,
-                -1, -1 };
-        static const Expect llama = { "fixtures/tiny-llama-awq", BK_ARCH_LLAMA, 1024, 1, 500000.0f,
-                1, 2 };
-        static const Expect sharded = { "fixtures/tiny-llama-awq-sharded", BK_ARCH_LLAMA, 1024, 1,
-                500000.0f, 1, 2 };
+        static const Expect qwen2 = {
+                "fixtures/tiny-qwen2-awq", BK_ARCH_QWEN2, 1408, 2, 10000.0f, -1, -1};
+        static const Expect llama = {
+                "fixtures/tiny-llama-awq", BK_ARCH_LLAMA, 1024, 1, 500000.0f, 1, 2};
+        static const Expect sharded = {
+                "fixtures/tiny-llama-awq-sharded", BK_ARCH_LLAMA, 1024, 1, 500000.0f, 1, 2};
         _cleanup_(model_freep) Model *q = NULL, *l = NULL, *s = NULL;
 
         q = check_fixture(&qwen2);

@@ -61,8 +61,8 @@ static void write_safetensors(const char *path)
                         "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%llu", i ? "," : "", e->name,
                         e->dtype, (unsigned long long) e->shape[0]);
                 if (e->n_dims == 2)
-                        len += (size_t) snprintf(h + len, cap - len, ",%llu",
-                                (unsigned long long) e->shape[1]);
+                        len += (size_t) snprintf(
+                                h + len, cap - len, ",%llu", (unsigned long long) e->shape[1]);
                 len += (size_t) snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
                         (unsigned long long) at, (unsigned long long) (at + e->n_bytes));
                 at += e->n_bytes;
@@ -108,10 +108,10 @@ static void write_config(const char *src_dir, const char *dst, const char *skip)
         CHECK(root, "parse %s", path);
         if (skip) {
                 cJSON *q = cJSON_GetObjectItem(root, "quantization_config");
-                const char *names[] = { skip };
+                const char *names[] = {skip};
                 CHECK(q, "no quantization_config in %s", path);
-                cJSON_ReplaceItemInObject(q, "modules_to_not_convert",
-                        cJSON_CreateStringArray(names, 1));
+                cJSON_ReplaceItemInObject(
+                        q, "modules_to_not_convert", cJSON_CreateStringArray(names, 1));
         } else
                 cJSON_DeleteItemFromObject(root, "quantization_config");
         char *out = cJSON_Print(root);
@@ -134,12 +134,12 @@ static uint16_t *dense_from_awq(const BkLinear *lin)
         return w;
 }
 
-static const char *const lin_names[7] = { "self_attn.q_proj", "self_attn.k_proj",
-        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj" };
+static const char *const lin_names[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+        "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 
 static const BkLinear *layer_linear(const BkLayer *L, size_t i)
 {
-        const BkLinear *all[7] = { &L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down };
+        const BkLinear *all[7] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
         return all[i];
 }
 
@@ -176,8 +176,8 @@ int main(void)
                         const BkLinear *lin = layer_linear(L, i);
                         uint16_t *w = dense_from_awq(lin);
                         snprintf(name, sizeof(name), "model.layers.%u.%s.weight", l, lin_names[i]);
-                        add(name, "F16", 2, lin->out, lin->in, w,
-                                (size_t) lin->in * lin->out * 2, w);
+                        add(name, "F16", 2, lin->out, lin->in, w, (size_t) lin->in * lin->out * 2,
+                                w);
                 }
         }
         add_vector(ref->archive, "model.norm.weight");
@@ -200,11 +200,12 @@ int main(void)
                 CHECK(!memcmp(d->bk.embed.data, ref->bk.embed.data, 1024 * 512 * 2),
                         "realigned embedding differs");
                 CHECK(!memcmp(d->bk.layers[1].down.w.data, entries[n_entries - 3].data,
-                        entries[n_entries - 3].n_bytes), "realigned down_proj differs");
+                              entries[n_entries - 3].n_bytes),
+                        "realigned down_proj differs");
                 CHECK(d->n_owned > 0, "no realigned copies were made");
         }
 
-        ModelOptions opt = { .quantize_int4 = true };
+        ModelOptions opt = {.quantize_int4 = true};
         r = model_load(dir, &opt, &m, &err);
         CHECK(r == 0, "quantized load: %s", err.msg);
         CHECK(!strcmp(m->info.quant, "int4-at-load g128"), "quant '%s'", m->info.quant);
@@ -233,8 +234,9 @@ int main(void)
                                         /* Half a step. At the ends of a group's range the
                                          * clamp to 15 adds up to 15 times the fp16 rounding
                                          * of the scale (2^-11), which the AutoAWQ rule keeps. */
-                                        CHECK(rel <= 0.5 + 15.0 / 2048 + 1e-6, "layer %u %s W[%u][%u]: %g vs %g, step %g",
-                                                l, lin_names[i], k, n, got, want, step);
+                                        CHECK(rel <= 0.5 + 15.0 / 2048 + 1e-6,
+                                                "layer %u %s W[%u][%u]: %g vs %g, step %g", l,
+                                                lin_names[i], k, n, got, want, step);
                                         worst = fmax(worst, rel);
                                 }
                         printf("layer %u %-16s worst error %.3f steps\n", l, lin_names[i], worst);
@@ -251,7 +253,7 @@ int main(void)
                 if (!strstr(d->name, "_proj.weight") || strstr(d->name, "down_proj"))
                         continue;
                 snprintf(prefix, sizeof(prefix), "%.*s", (int) (strlen(d->name) - 7), d->name);
-                static const char *const parts[] = { "qweight", "qzeros", "scales" };
+                static const char *const parts[] = {"qweight", "qzeros", "scales"};
                 for (size_t k = 0; k < ELEMENTSOF(parts); k++) {
                         char name[160];
                         snprintf(name, sizeof(name), "%s.%s", prefix, parts[k]);
@@ -284,7 +286,7 @@ int main(void)
                         CHECK(!memcmp(L->q.qweight, ref->bk.layers[l].q.qweight, 512 * 64 * 4),
                                 "layer %u: q_proj differs", l);
                 }
-                ModelOptions q = { .quantize_int4 = true };
+                ModelOptions q = {.quantize_int4 = true};
                 r = model_load(dir, &q, &y, &err);
                 CHECK(r == 0, "mixed quantized load: %s", err.msg);
                 CHECK(y->bk.layers[0].down.kind == BK_LINEAR_AWQ &&

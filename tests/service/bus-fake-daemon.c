@@ -37,7 +37,7 @@ static uint64_t mono_usec(void)
 static void fake_get_info(void *userdata, BusInfo *ret)
 {
         Fake *f = userdata;
-        *ret = (BusInfo) {
+        *ret = (BusInfo){
                 .state = f->state,
                 .model = f->model,
                 .backend = "cpu",
@@ -48,7 +48,7 @@ static void fake_get_info(void *userdata, BusInfo *ret)
 
 static void fake_get_counters(void *userdata, BusCounters *ret)
 {
-        *ret = (BusCounters) {
+        *ret = (BusCounters){
                 .active_requests = 2,
                 .queued_requests = 1,
                 .clients = 2,
@@ -63,7 +63,7 @@ static void fake_get_counters(void *userdata, BusCounters *ret)
 static void fake_get_stats(void *userdata, BusStats *ret)
 {
         Fake *f = userdata;
-        *ret = (BusStats) {
+        *ret = (BusStats){
                 .requests_total = 10,
                 .requests_finished = 7,
                 .requests_cancelled = 2,
@@ -83,10 +83,20 @@ static void fake_get_stats(void *userdata, BusStats *ret)
 static int fake_list_clients(void *userdata, BusClientFn fn, void *ctx)
 {
         static const BusClient clients[] = {
-                { .id = 7, .pid = 1234, .uid = 1000, .comm = "chat", .active_requests = 1,
-                        .requests_total = 3, .tokens_total = 300 },
-                { .id = 9, .pid = 1240, .uid = 0, .comm = "batchjob", .active_requests = 1,
-                        .requests_total = 7, .tokens_total = 1200 },
+                {.id = 7,
+                        .pid = 1234,
+                        .uid = 1000,
+                        .comm = "chat",
+                        .active_requests = 1,
+                        .requests_total = 3,
+                        .tokens_total = 300},
+                {.id = 9,
+                        .pid = 1240,
+                        .uid = 0,
+                        .comm = "batchjob",
+                        .active_requests = 1,
+                        .requests_total = 7,
+                        .tokens_total = 1200},
         };
         for (size_t i = 0; i < ELEMENTSOF(clients); i++) {
                 int r = fn(ctx, &clients[i]);
@@ -144,8 +154,8 @@ static int fake_resume(void *userdata, DsError *err)
 static int fake_cancel(void *userdata, uint64_t id, DsError *err)
 {
         if (id != 7)
-                return ds_error(err, -ESRCH, "No request or client with id %llu",
-                        (unsigned long long) id);
+                return ds_error(
+                        err, -ESRCH, "No request or client with id %llu", (unsigned long long) id);
         return 0;
 }
 
@@ -162,7 +172,7 @@ static const BusOps fake_ops = {
 
 int main(int argc, char **argv)
 {
-        Fake f = { .state = BUS_STATE_READY, .model = "/models/a" };
+        Fake f = {.state = BUS_STATE_READY, .model = "/models/a"};
         DsError err = {};
         sigset_t mask;
         int sfd, r;
@@ -204,8 +214,8 @@ int main(int argc, char **argv)
                         timeout_ms = until > now ? (int) ((until - now + 999) / 1000) : 0;
 
                 struct pollfd p[2] = {
-                        { .fd = bus_get_fd(f.bus), .events = (short) bus_get_events(f.bus) },
-                        { .fd = sfd, .events = POLLIN },
+                        {.fd = bus_get_fd(f.bus), .events = (short) bus_get_events(f.bus)},
+                        {.fd = sfd, .events = POLLIN},
                 };
                 r = poll(p, 2, timeout_ms);
                 CHECK(r >= 0 || errno == EINTR, "poll");

@@ -31,8 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 c.socket_mode > 0777 || c.socket_path[0] != '/' ||
                 c.n_allowed_uids > CONFIG_IDS_MAX || c.n_allowed_gids > CONFIG_IDS_MAX ||
                 c.log_level < LOG_LVL_ERR || c.log_level > LOG_LVL_DEBUG ||
-                (c.model[0] && c.model[0] != '/') ||
-                !memchr(c.model, 0, sizeof(c.model)))
+                (c.model[0] && c.model[0] != '/') || !memchr(c.model, 0, sizeof(c.model)))
                 __builtin_trap();
         if (config_to_json(&c, &a) < 0)
                 return 0; /* out of memory */

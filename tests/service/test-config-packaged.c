@@ -35,8 +35,7 @@ int main(void)
         fclose(f);
         for (const char *p = defaults; *p; p++)
                 n_defaults += *p == ':';
-        CHECK(n_file == n_defaults, "%s has %zu members, the schema %zu", path, n_file,
-                n_defaults);
+        CHECK(n_file == n_defaults, "%s has %zu members, the schema %zu", path, n_file, n_defaults);
         printf("test-config-packaged: %s holds the defaults\n", path);
         return 0;
 }

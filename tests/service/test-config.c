@@ -53,8 +53,7 @@ static void expect_fail(const char *json, const char *needle1, const char *needl
         r = parse(json, &c, &err);
         CHECK(r < 0, "accepted: %s", json);
         CHECK(strstr(err.msg, needle1), "'%s' lacks '%s': %s", err.msg, needle1, json);
-        CHECK(!needle2 || strstr(err.msg, needle2), "'%s' lacks '%s': %s", err.msg, needle2,
-                json);
+        CHECK(!needle2 || strstr(err.msg, needle2), "'%s' lacks '%s': %s", err.msg, needle2, json);
         CHECK(((unsigned char *) &c)[0] == 0x5a && ((unsigned char *) &c)[sizeof(c) - 1] == 0x5a,
                 "failed parse wrote the result: %s", json);
 }
@@ -189,8 +188,8 @@ static void test_ranges(void)
         expect_fail("{\"device\": 256}", "field 'device'", "[0, 255]");
         expect_fail("{\"limits\": {\"context_length\": 16777217}}", "limits.context_length", NULL);
         expect_fail("{\"limits\": {\"queue_length\": 65537}}", "limits.queue_length", NULL);
-        expect_fail("{\"limits\": {\"kv_memory_fraction\": 0}}", "limits.kv_memory_fraction",
-                "(0, 1]");
+        expect_fail(
+                "{\"limits\": {\"kv_memory_fraction\": 0}}", "limits.kv_memory_fraction", "(0, 1]");
         expect_fail("{\"limits\": {\"kv_memory_fraction\": 1.01}}", "kv_memory_fraction", NULL);
         expect_fail("{\"limits\": {\"client_max_requests\": 0}}", "client_max_requests", NULL);
         expect_fail("{\"limits\": {\"client_max_pending_events\": 15}}",
@@ -312,9 +311,8 @@ static void test_overrides(void)
         CHECK(config_set(&c, "--log-level", "log_level", "warning", &err) == 0, "log");
         CHECK(c.backend == CONFIG_BACKEND_CPU && c.quantize_at_load &&
                         c.limits.kv_memory_fraction == 0.25 && c.socket_mode == 0600 &&
-                        c.n_allowed_gids == 2 && c.allowed_gids[0] == 0 &&
-                        c.allowed_gids[1] == 5 && c.bus == CONFIG_BUS_SESSION &&
-                        c.log_level == LOG_LVL_WARNING,
+                        c.n_allowed_gids == 2 && c.allowed_gids[0] == 0 && c.allowed_gids[1] == 5 &&
+                        c.bus == CONFIG_BUS_SESSION && c.log_level == LOG_LVL_WARNING,
                 "overrides applied");
         CHECK(strcmp(c.model, "/m") == 0, "untouched field kept");
 
@@ -328,7 +326,8 @@ static void test_overrides(void)
         /* Refusals name the flag and the field, and change nothing. */
         before = c;
         CHECK(config_set(&c, "--max-batch", "limits.max_batch", "lots", &err) < 0 &&
-                        strstr(err.msg, "--max-batch: field 'limits.max_batch' must be an integer") &&
+                        strstr(err.msg,
+                                "--max-batch: field 'limits.max_batch' must be an integer") &&
                         strstr(err.msg, "got \"lots\""),
                 "%s", err.msg);
         CHECK(config_set(&c, "--max-batch", "limits.max_batch", "0", &err) < 0, "range");
@@ -387,8 +386,8 @@ static void test_load(void)
         CHECK(fd >= 0 && write(fd, "{\"device\": 1}", 13) == 13, "rewrite");
         close(fd);
         CHECK(config_load(path, false, &c, &err) == 1 && c.device == 1, "%s", err.msg);
-        CHECK(config_load(dir, false, &c, &err) < 0 && strstr(err.msg, "not a regular file"),
-                "%s", err.msg);
+        CHECK(config_load(dir, false, &c, &err) < 0 && strstr(err.msg, "not a regular file"), "%s",
+                err.msg);
         unlink(path);
         rmdir(dir);
 }

@@ -58,7 +58,8 @@ int main(int argc, char **argv)
         cJSON *root = cJSON_ParseWithLength(json, len);
         CHECK(root, "%s does not parse", argv[2]);
         const cJSON *c;
-        cJSON_ArrayForEach (c, cJSON_GetObjectItem(root, "cases")) {
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(root, "cases"))
+        {
                 const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
                 const char *decoded = cJSON_GetObjectItem(c, "decoded")->valuestring;
                 const cJSON *jids = cJSON_GetObjectItem(c, "ids"), *e;
@@ -69,8 +70,7 @@ int main(int argc, char **argv)
                 size_t dec_len, str_len, half_len, primed_len;
 
                 n_cases++;
-                cJSON_ArrayForEach (e, jids)
-                        want[k++] = (int32_t) e->valuedouble;
+                cJSON_ArrayForEach(e, jids) want[k++] = (int32_t) e->valuedouble;
                 CHECK(tokenizer_encode(t, text, strlen(text), &ids, &n, &err) == 0, "%s", err.msg);
                 if (n != n_want || memcmp(ids, want, n * sizeof(int32_t))) {
                         fprintf(stderr, "case %zu: encoding differs for \"%s\"\n  got ", n_cases,

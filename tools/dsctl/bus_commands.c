@@ -56,13 +56,14 @@ static void help(void)
 /* An error from the bus or the daemon: prints it and picks the exit code. */
 static int report_error(const char *what, int r, const sd_bus_error *error)
 {
-        if (sd_bus_error_has_names(error, SD_BUS_ERROR_SERVICE_UNKNOWN,
-                    SD_BUS_ERROR_NAME_HAS_NO_OWNER)) {
+        if (sd_bus_error_has_names(
+                    error, SD_BUS_ERROR_SERVICE_UNKNOWN, SD_BUS_ERROR_NAME_HAS_NO_OWNER)) {
                 fprintf(stderr, "dsctl: dsd is not running on this bus\n");
                 return DSCTL_EXIT_NOT_RUNNING;
         }
         if (sd_bus_error_is_set(error))
-                fprintf(stderr, "dsctl: %s: %s\n", what, error->message ? error->message : error->name);
+                fprintf(stderr, "dsctl: %s: %s\n", what,
+                        error->message ? error->message : error->name);
         else
                 fprintf(stderr, "dsctl: %s: %s\n", what, strerror(-r));
         return DSCTL_EXIT_DAEMON;
@@ -238,8 +239,8 @@ static int verb_status(sd_bus *bus)
         char a[32], b[32], since[128];
         int r;
 
-        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, "org.freedesktop.DBus.Properties",
-                "GetAll", &error, &reply, "s", BUS_INTERFACE);
+        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, "org.freedesktop.DBus.Properties", "GetAll",
+                &error, &reply, "s", BUS_INTERFACE);
         if (r < 0)
                 return report_error("cannot read the daemon's properties", r, &error);
         r = read_dict(reply, &p);
@@ -255,15 +256,19 @@ static int verb_status(sd_bus *bus)
         bool bad = strcmp(state, "failed") == 0;
         /* The bullet is coloured like systemctl's only on a terminal. */
         bool tty = isatty(STDOUT_FILENO);
-        printf("%s●%s dsd %s — %s\n", !tty ? "" : good ? "\033[0;1;32m" : bad ? "\033[0;1;31m" : "",
+        printf("%s●%s dsd %s — %s\n",
+                !tty   ? ""
+                : good ? "\033[0;1;32m"
+                : bad  ? "\033[0;1;31m"
+                       : "",
                 tty ? "\033[0m" : "", str(p, "Version"), state);
         printf("      Model: %s\n", str(p, "Model")[0] ? str(p, "Model") : "(none)");
         if (str(p, "Backend")[0])
                 printf("    Backend: %s on %s\n", str(p, "Backend"), str(p, "Device"));
         if (num(p, "ContextLength") > 0)
                 printf("    Context: %.0f positions\n", num(p, "ContextLength"));
-        printf("    Started: %s\n", format_since((uint64_t) num(p, "StartedAt"), since,
-                                             sizeof(since)));
+        printf("    Started: %s\n",
+                format_since((uint64_t) num(p, "StartedAt"), since, sizeof(since)));
         printf("   Requests: %.0f active, %.0f queued\n", num(p, "ActiveRequests"),
                 num(p, "QueuedRequests"));
         printf("    Clients: %.0f\n", num(p, "Clients"));
@@ -289,8 +294,8 @@ static int verb_clients(sd_bus *bus)
 
         if (!list)
                 return report_error("out of memory", -ENOMEM, NULL);
-        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ListClients", &error,
-                &reply, NULL);
+        r = sd_bus_call_method(
+                bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "ListClients", &error, &reply, NULL);
         if (r < 0)
                 return report_error("cannot list clients", r, &error);
         r = sd_bus_message_enter_container(reply, 'a', "(tuusutt)");
@@ -302,8 +307,8 @@ static int verb_clients(sd_bus *bus)
         while ((r = sd_bus_message_read(reply, "(tuusutt)", &id, &pid, &uid, &comm, &active,
                         &requests, &tokens)) > 0) {
                 if (!arg_json) {
-                        printf("%-8" PRIu64 " %8u %8u %-16s %6u %10" PRIu64 " %12" PRIu64 "\n",
-                                id, pid, uid, comm, active, requests, tokens);
+                        printf("%-8" PRIu64 " %8u %8u %-16s %6u %10" PRIu64 " %12" PRIu64 "\n", id,
+                                pid, uid, comm, active, requests, tokens);
                         continue;
                 }
                 cJSON *c = cJSON_CreateObject();
@@ -332,8 +337,8 @@ static int verb_stats(sd_bus *bus)
         const cJSON *v;
         int r;
 
-        r = sd_bus_call_method(bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "GetStats", &error,
-                &reply, NULL);
+        r = sd_bus_call_method(
+                bus, BUS_NAME, BUS_PATH, BUS_INTERFACE, "GetStats", &error, &reply, NULL);
         if (r < 0)
                 return report_error("cannot read statistics", r, &error);
         r = read_dict(reply, &s);
@@ -343,7 +348,8 @@ static int verb_stats(sd_bus *bus)
                 print_json(s);
                 return DSCTL_EXIT_OK;
         }
-        cJSON_ArrayForEach(v, s) {
+        cJSON_ArrayForEach(v, s)
+        {
                 printf("%24s: %.0f\n", v->string, v->valuedouble);
         }
         return DSCTL_EXIT_OK;
@@ -398,9 +404,13 @@ static const struct {
         int min_args, max_args;
         bool reads; /* takes --json */
 } verbs[] = {
-        { "status", 0, 0, true }, { "reload", 0, 1, false }, { "drain", 0, 0, false },
-        { "resume", 0, 0, false }, { "clients", 0, 0, true }, { "stats", 0, 0, true },
-        { "cancel", 1, 1, false },
+        {"status", 0, 0, true},
+        {"reload", 0, 1, false},
+        {"drain", 0, 0, false},
+        {"resume", 0, 0, false},
+        {"clients", 0, 0, true},
+        {"stats", 0, 0, true},
+        {"cancel", 1, 1, false},
 };
 
 bool dsctl_bus_handles(const char *verb)
@@ -415,10 +425,10 @@ int dsctl_bus_main(int argc, char **argv)
 {
         enum { ARG_JSON = 0x100, ARG_SYSTEM, ARG_USER };
         static const struct option options[] = {
-                { "help", no_argument, NULL, 'h' },
-                { "json", no_argument, NULL, ARG_JSON },
-                { "system", no_argument, NULL, ARG_SYSTEM },
-                { "user", no_argument, NULL, ARG_USER },
+                {"help", no_argument, NULL, 'h'},
+                {"json", no_argument, NULL, ARG_JSON},
+                {"system", no_argument, NULL, ARG_SYSTEM},
+                {"user", no_argument, NULL, ARG_USER},
                 {},
         };
         _cleanup_(sd_bus_flush_close_unrefp) sd_bus *bus = NULL;
@@ -469,9 +479,9 @@ int dsctl_bus_main(int argc, char **argv)
         const char *arg = n_args ? args[optind + 1] : NULL;
         if (n_args < verbs[v].min_args || n_args > verbs[v].max_args) {
                 fprintf(stderr, "dsctl: %s takes %s\n", verb,
-                        verbs[v].max_args == 0    ? "no arguments" :
-                        verbs[v].min_args == 0 ? "at most one argument" :
-                                                 "exactly one argument");
+                        verbs[v].max_args == 0   ? "no arguments"
+                        : verbs[v].min_args == 0 ? "at most one argument"
+                                                 : "exactly one argument");
                 return DSCTL_EXIT_USAGE;
         }
         if (arg_json && !verbs[v].reads) {

@@ -16,18 +16,21 @@ static const struct {
         {"generate", dsctl_generate_main,
                 "[--socket PATH] [--chat] [--max-tokens N] [--temperature T] [--seed S] TEXT\n"
                 "        Stream the daemon's answer to TEXT to stdout."},
-        {"chat", dsctl_chat_main, "[--socket PATH] [--system TEXT] [--max-tokens N]\n"
+        {"chat", dsctl_chat_main,
+                "[--socket PATH] [--system TEXT] [--max-tokens N]\n"
                 "        Chat on the terminal; Ctrl-C cancels an answer, Ctrl-D exits."},
 #if HAVE_BUS_COMMANDS
-        { "status", dsctl_bus_main, "[--system|--user] [--json]\n"
-                "        Show the daemon's state, model, backend and load (D-Bus)." },
-        { "reload", dsctl_bus_main, "[MODEL]\n"
-                "        Re-read /etc/dsd/dsd.json, or switch to the model directory MODEL." },
-        { "drain", dsctl_bus_main, "\n        Stop admitting requests; running ones finish." },
-        { "resume", dsctl_bus_main, "\n        Admit requests again after drain." },
-        { "clients", dsctl_bus_main, "[--json]\n        List the connected clients." },
-        { "stats", dsctl_bus_main, "[--json]\n        Request totals and latency percentiles." },
-        { "cancel", dsctl_bus_main, "ID\n        Cancel a request, or all requests of a client." },
+        {"status", dsctl_bus_main,
+                "[--system|--user] [--json]\n"
+                "        Show the daemon's state, model, backend and load (D-Bus)."},
+        {"reload", dsctl_bus_main,
+                "[MODEL]\n"
+                "        Re-read /etc/dsd/dsd.json, or switch to the model directory MODEL."},
+        {"drain", dsctl_bus_main, "\n        Stop admitting requests; running ones finish."},
+        {"resume", dsctl_bus_main, "\n        Admit requests again after drain."},
+        {"clients", dsctl_bus_main, "[--json]\n        List the connected clients."},
+        {"stats", dsctl_bus_main, "[--json]\n        Request totals and latency percentiles."},
+        {"cancel", dsctl_bus_main, "ID\n        Cancel a request, or all requests of a client."},
 #endif
 };
 

@@ -15,20 +15,19 @@ static const char *arg_model;
 
 static void inspect_help(FILE *f)
 {
-        fprintf(f,
-                "Usage: dsquant inspect --model DIR\n\n"
-                "Load the checkpoint in DIR (config.json, model.safetensors or the shards of\n"
-                "model.safetensors.index.json), validate every file and tensor, and print its\n"
-                "architecture, dimensions, quantization, RoPE and a summary of its tensors.\n\n"
-                "  --model DIR   the checkpoint directory\n"
-                "  --help        show this help\n");
+        fprintf(f, "Usage: dsquant inspect --model DIR\n\n"
+                   "Load the checkpoint in DIR (config.json, model.safetensors or the shards of\n"
+                   "model.safetensors.index.json), validate every file and tensor, and print its\n"
+                   "architecture, dimensions, quantization, RoPE and a summary of its tensors.\n\n"
+                   "  --model DIR   the checkpoint directory\n"
+                   "  --help        show this help\n");
 }
 
 static int parse_argv(int argc, char **argv)
 {
         static const struct option options[] = {
-                { "model", required_argument, NULL, 'm' },
-                { "help", no_argument, NULL, 'h' },
+                {"model", required_argument, NULL, 'm'},
+                {"help", no_argument, NULL, 'h'},
                 {},
         };
         int c;
@@ -101,8 +100,8 @@ static int kind_key(const StTensor *t, char *buf, size_t size)
         if (at < size)
                 at += (size_t) snprintf(buf + at, size - at, "\t%s\t[", st_dtype_name(t->dtype));
         for (uint32_t i = 0; i < t->n_dims && at < size; i++)
-                at += (size_t) snprintf(buf + at, size - at, "%s%" PRIu64, i ? ", " : "",
-                        t->shape[i]);
+                at += (size_t) snprintf(
+                        buf + at, size - at, "%s%" PRIu64, i ? ", " : "", t->shape[i]);
         if (at < size)
                 at += (size_t) snprintf(buf + at, size - at, "]");
         return at < size ? 0 : -ENAMETOOLONG;

@@ -270,7 +270,8 @@ int cmd_detokenize(int argc, char **argv)
                         fprintf(stderr, "dsquant detokenize: out of memory\n");
                         return EXIT_FAILURE;
                 }
-                cJSON_ArrayForEach (e, arr) {
+                cJSON_ArrayForEach(e, arr)
+                {
                         double v = e->valuedouble;
                         if (!cJSON_IsNumber(e) || !(v >= 0 && v <= INT32_MAX) ||
                                 v != (double) (int32_t) v) {

@@ -12,25 +12,29 @@ static const struct {
         int (*run)(int argc, char **argv);
         const char *help;
 } commands[] = {
-        { "convert", cmd_convert,
+        {"convert", cmd_convert,
                 "--from llama2c CHECKPOINT.bin TOKENIZER.bin OUTDIR\n"
-                "        Write a Hugging Face-layout model directory from a llama2.c checkpoint." },
-        { "synth", cmd_synth,
+                "        Write a Hugging Face-layout model directory from a llama2.c checkpoint."},
+        {"synth", cmd_synth,
                 "--shape NAME|--config FILE OUTDIR [--seed S]\n"
-                "        Write a deterministic synthetic AWQ INT4 checkpoint with a tokenizer." },
-        { "inspect", cmd_inspect,
+                "        Write a deterministic synthetic AWQ INT4 checkpoint with a tokenizer."},
+        {"inspect", cmd_inspect,
                 "--model DIR\n"
-                "        Print architecture, dimensions, quantization and tensors; validate every file." },
-        { "tokenize", cmd_tokenize,
+                "        Print architecture, dimensions, quantization and tensors; validate every "
+                "file."},
+        {"tokenize", cmd_tokenize,
                 "--tokenizer FILE\n"
-                "        Read one JSON string per line on stdin, write one JSON array of ids per line." },
-        { "detokenize", cmd_detokenize,
+                "        Read one JSON string per line on stdin, write one JSON array of ids per "
+                "line."},
+        {"detokenize", cmd_detokenize,
                 "--tokenizer FILE\n"
-                "        Read one JSON array of ids per line on stdin, write one JSON string per line." },
-        { "eval", cmd_eval,
+                "        Read one JSON array of ids per line on stdin, write one JSON string per "
+                "line."},
+        {"eval", cmd_eval,
                 "--model DIR (--ids FILE.json --logits-out OUT.f32 | --text FILE)\n"
-                "        One forward pass from position 0: write float32 logits [n][vocab], or print\n"
-                "        the perplexity of a text." },
+                "        One forward pass from position 0: write float32 logits [n][vocab], or "
+                "print\n"
+                "        the perplexity of a text."},
 };
 
 static void help(FILE *f)
