@@ -48,6 +48,13 @@ static void add_eos(Engine *e, int32_t id)
         e->eos_ids[e->n_eos++] = id;
 }
 
+void engine_memory(const Engine *e, uint64_t *ret_used, uint64_t *ret_total)
+{
+        *ret_used = *ret_total = 0;
+        if (e && e->ops->mem_info && e->ops->mem_info(e->be, ret_used, ret_total) < 0)
+                *ret_used = *ret_total = 0;
+}
+
 bool engine_is_eos(const Engine *e, int32_t id)
 {
         for (uint32_t i = 0; i < e->n_eos; i++)

@@ -44,6 +44,9 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(Engine *, engine_free);
 
 bool engine_is_eos(const Engine *e, int32_t id);
 
+/* Device memory in use and in all (bytes), both 0 for a host backend. */
+void engine_memory(const Engine *e, uint64_t *ret_used, uint64_t *ret_total);
+
 typedef enum FinishReason {
         FINISH_LENGTH, /* max tokens or the context limit */
         FINISH_EOS,

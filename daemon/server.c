@@ -1414,6 +1414,11 @@ static void stats_add(EngineLoopStats *a, const EngineLoopStats *b)
         a->events_dropped += b->events_dropped;
 }
 
+void server_memory(Server *s, uint64_t *ret_used, uint64_t *ret_total)
+{
+        engine_memory(s->engine, ret_used, ret_total);
+}
+
 void server_stats(Server *s, EngineLoopStats *ret, uint32_t *ret_clients)
 {
         EngineLoopStats st;

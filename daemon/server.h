@@ -82,6 +82,9 @@ int server_new(int notify_fd, const ServerOptions *o, const ServerHooks *hooks, 
  * (on the I/O thread, at the first pass that finds it idle). -EBUSY (nothing changes)
  * while an earlier one still retires. Another failure (the HTTP listener could not be set
  * up for it) leaves e serving the native clients and fills err. */
+/* Device memory of the current model's backend (0 and 0 without a model or on the CPU). */
+void server_memory(Server *s, uint64_t *ret_used, uint64_t *ret_total);
+
 int server_set_engine(Server *s, Engine *e, EngineLoop *loop, const char *model_dir, DsError *err);
 /* Starts accepting connections without a model (state no-model); the first
  * server_set_engine() does it otherwise. Until then clients wait in the listen backlog, so

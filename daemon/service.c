@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -208,13 +209,43 @@ static int load_start(Service *sv)
         return 0;
 }
 
+static void closedirp(DIR **d)
+{
+        if (*d)
+                closedir(*d);
+}
+
+/* Bytes of the checkpoint's safetensors files: what a device backend will upload. */
+static uint64_t checkpoint_bytes(const char *dir)
+{
+        _cleanup_(closedirp) DIR *d = opendir(dir);
+        struct dirent *de;
+        uint64_t sum = 0;
+
+        while (d && (de = readdir(d))) {
+                size_t n = strlen(de->d_name);
+                struct stat st;
+                if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors") != 0 ||
+                        fstatat(dirfd(d), de->d_name, &st, 0) < 0)
+                        continue;
+                sum += (uint64_t) st.st_size;
+        }
+        return sum;
+}
+
 /* Where two models may not fit: the CPU backend's memory is the host's, which holds both
- * for the models dsd serves; the CUDA backend exposes no free-memory query yet, so a
- * reload there drains first rather than risk running out of device memory mid-load. */
+ * for the models dsd serves. On a device the new weights are repacked there and may get
+ * an FP16 copy for the batched path, so the free device memory must hold twice the
+ * checkpoint; else the reload drains first rather than run out mid-load. */
 static bool reload_fits(const Service *sv, const Load *l)
 {
-        return l->cfg.backend == CONFIG_BACKEND_CPU ||
-               (l->cfg.backend == CONFIG_BACKEND_AUTO && strcmp(sv->backend, "cuda") != 0);
+        uint64_t used, total;
+
+        if (l->cfg.backend == CONFIG_BACKEND_CPU ||
+                (l->cfg.backend == CONFIG_BACKEND_AUTO && strcmp(sv->backend, "cuda") != 0))
+                return true;
+        server_memory(sv->srv, &used, &total);
+        return total > used && total - used >= 2 * checkpoint_bytes(l->cfg.model);
 }
 
 static void device_name(Service *sv, const Engine *e, const Load *l)
@@ -378,7 +409,11 @@ static void op_get_counters(void *userdata, BusCounters *ret)
         uint32_t clients;
 
         server_stats(sv->srv, &st, &clients);
+        uint64_t mem_used, mem_total;
+        server_memory(sv->srv, &mem_used, &mem_total);
         *ret = (BusCounters){
+                .gpu_memory_used = mem_used,
+                .gpu_memory_total = mem_total,
                 .active_requests = st.active,
                 .queued_requests = st.queued,
                 .clients = clients,

@@ -226,6 +226,9 @@ typedef struct BackendOps {
          * seqs[i].sample is false. Each sequence's logits and sample are bit-identical
          * whatever else is in the batch. */
         int (*step)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids, DsError *err);
+        /* Device memory in use and the device's total, in bytes; NULL for a backend that
+         * computes in host memory. May be called from any thread. */
+        int (*mem_info)(const Backend *b, uint64_t *ret_used, uint64_t *ret_total);
         void (*free)(Backend *b);
 } BackendOps;
 

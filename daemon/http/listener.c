@@ -804,6 +804,9 @@ static void handle_metrics(HttpConn *c)
         metrics_set(h->metrics, METRIC_KV_BLOCKS_TOTAL, st.kv_blocks_total);
         metrics_set(h->metrics, METRIC_KV_USAGE,
                 st.kv_blocks_total ? (double) used / st.kv_blocks_total : 0);
+        uint64_t mem_used, mem_total;
+        engine_memory(h->engine, &mem_used, &mem_total);
+        metrics_set(h->metrics, METRIC_GPU_MEMORY_USED, (double) mem_used);
         if (metrics_render(h->metrics, &b) < 0)
                 conn_close(c, "out of memory");
         else

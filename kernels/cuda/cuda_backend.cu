@@ -1140,6 +1140,18 @@ static void cuda_free(Backend *b)
         free(b);
 }
 
+static int cuda_mem_info(const Backend *b, uint64_t *ret_used, uint64_t *ret_total)
+{
+        size_t free_bytes = 0, total = 0;
+
+        (void) b;
+        if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
+                return -EIO;
+        *ret_used = total - free_bytes;
+        *ret_total = total;
+        return 0;
+}
+
 extern "C" const BackendOps backend_cuda_ops = {
         .name = "cuda",
         .create = cuda_create,
@@ -1147,6 +1159,7 @@ extern "C" const BackendOps backend_cuda_ops = {
         .kv_init = cuda_kv_init,
         .kv_bytes_per_token = cuda_kv_bytes_per_token,
         .step = cuda_step,
+        .mem_info = cuda_mem_info,
         .free = cuda_free,
 };
 
