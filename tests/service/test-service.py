@@ -18,6 +18,7 @@ against a fake NOTIFY_SOCKET: STATUS lines with layer progress before READY=1,
 RELOADING=1 with MONOTONIC_USEC on SIGHUP then READY=1, WATCHDOG=1 pings that stop when
 the engine loop is stalled (DSD_TEST_STALL_ENGINE_SEC, test-only), STOPPING=1 on SIGTERM.
 """
+import http.client
 import json
 import os
 import select
@@ -87,6 +88,28 @@ def started(p, timeout=60):
     return p.stderr.readline().strip() == b"started"
 
 
+class UnixHTTP(http.client.HTTPConnection):
+    """http.client over the listener's Unix socket."""
+
+    def __init__(self, path):
+        super().__init__("localhost", timeout=30)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.unix_path)
+
+
+def http_status(path, method, url, body=None):
+    c = UnixHTTP(path)
+    c.request(method, url, body=json.dumps(body) if body is not None else None,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
 def write_config(path, **fields):
     with open(path, "w", encoding="utf-8") as f:
         json.dump(fields, f, indent=2)
@@ -133,12 +156,13 @@ def main(tmp, model_a):
     env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS=address)
     env.pop("NOTIFY_SOCKET", None)
     sock = os.path.join(tmp, "dsd.sock")
+    http_sock = os.path.join(tmp, "http.sock")
     cfg = os.path.join(tmp, "dsd.json")
     good = dict(model=model_a, backend="cpu", bus="session", log_level="info",
                 stop_timeout_sec=30,
                 limits=dict(kv_memory_fraction=0.02, max_batch=16,
                             client_max_pending_events=16),
-                socket=dict(path=sock, mode="0666"))
+                socket=dict(path=sock, mode="0666"), http=dict(listen=http_sock))
     write_config(cfg, **good)
 
     def dsctl(*args, user=None):
@@ -260,6 +284,8 @@ def main(tmp, model_a):
         check(wait_state("ready").get("Model") == model_a, "SIGHUP did not reload the config")
 
         # --- 2: Drain, then SIGTERM while 8 requests stream.
+        code, _ = http_status(http_sock, "GET", "/health")
+        check(code == 200, f"/health when ready answered {code}, not 200")
         streams = [start([TOOL, "stream", sock, LONG_PROMPT, "200", "20"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(8)]
         for s in streams:
@@ -271,6 +297,13 @@ def main(tmp, model_a):
                               capture_output=True, text=True, timeout=60)
         check(f"error {DS_ERR_DRAINING}" in late.stderr and "draining" in late.stderr,
               f"a request during drain did not get 'draining': {late.stderr!r}")
+        # The HTTP listener refuses the same way: 503 with OpenAI's error shape.
+        code, body = http_status(http_sock, "POST", "/v1/completions",
+                                 {"prompt": "Once", "max_tokens": 4})
+        check(code == 503 and "error" in json.loads(body),
+              f"an HTTP completion during drain got {code} {body!r}, not 503")
+        code, _ = http_status(http_sock, "GET", "/health")
+        check(code == 503, f"/health during drain answered {code}, not 503")
         d.proc.send_signal(signal.SIGTERM)
         for i, s in enumerate(streams):
             out, err = s.communicate(timeout=120)
