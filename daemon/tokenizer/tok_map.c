@@ -9,7 +9,9 @@
 
 int tokbuf_reserve(TokBuf *b, size_t extra)
 {
-        if (extra <= b->cap - b->n)
+        /* Even an empty reservation allocates once, so that p + offset is never
+         * arithmetic on NULL (an arena holding only empty strings). */
+        if (b->p && extra <= b->cap - b->n)
                 return 0;
         if (extra > SIZE_MAX / 2 - b->n)
                 return -ENOMEM;
@@ -86,9 +88,7 @@ int32_t strmap_get(const StrMap *m, const char *key, size_t len)
                 if (!i)
                         return -1;
                 const StrMapEntry *e = &m->entries[i - 1];
-                /* An empty key may be the only one, with the arena never allocated. */
-                if (e->hash == h && e->len == len &&
-                        (len == 0 || !memcmp(m->arena.p + e->off, key, len)))
+                if (e->hash == h && e->len == len && !memcmp(m->arena.p + e->off, key, len))
                         return e->value;
         }
 }

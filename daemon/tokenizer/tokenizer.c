@@ -672,6 +672,11 @@ static int build_pieces(Tokenizer *t, const DecoderSpec *spec, const char *name,
         for (unsigned b = 0; b < 256; b++)
                 cp_to_byte[byte_level_cp((uint8_t) b)] = (int16_t) b;
 
+        /* Decoding adds piece offsets to pieces.p: it must exist even if every piece is
+         * empty. */
+        r = tokbuf_reserve(&t->pieces, 0);
+        if (r < 0)
+                return ds_error(err, r, "%s: out of memory", name);
         for (size_t id = 0; id < n; id++) {
                 size_t start = t->pieces.n;
 
