@@ -60,7 +60,7 @@ typedef struct RunState {
         float *inv_freq;        /* (rope_dim / 2) rope frequencies, computed at load */
         float attention_factor; /* multiplies cos and sin (yarn) */
         float *logits;          /* (TILE_ROWS, vocab_size) the rows whose logits are wanted */
-        float *linear;          /* (largest cpu_linear_scratch_size) */
+        float *linear;          /* (threads, largest cpu_linear_scratch_size) */
         float *sample_f;        /* (vocab_size) bk_sample scratch */
         int32_t *sample_i;      /* (vocab_size) bk_sample scratch */
         /* MLA only */
@@ -80,9 +80,9 @@ typedef struct RunState {
         Row rows[TILE_ROWS];
 } RunState;
 
-/* BkOptions.threads is accepted and not used: every kernel runs on the calling thread. */
 struct Backend {
         const BkModel *model; /* config and weights, owned by the caller; NULL until load */
+        CpuPool *pool;        /* BkOptions.threads: the linear layers' threads */
         RunState s;
         KvCache kv;
 };
@@ -183,7 +183,7 @@ static size_t linear_scratch_max(const BkModel *m)
         return n;
 }
 
-static int run_state_alloc(RunState *s, const BkModel *m)
+static int run_state_alloc(RunState *s, const BkModel *m, uint32_t threads)
 {
         const BkConfig *c = &m->cfg;
         size_t q_dim = (size_t) c->n_heads * c->head_dim;
@@ -231,7 +231,7 @@ static int run_state_alloc(RunState *s, const BkModel *m)
         s->sin = calloc(TILE_ROWS * rd / 2, sizeof(float));
         s->inv_freq = calloc(rd / 2, sizeof(float));
         s->logits = calloc((size_t) TILE_ROWS * c->vocab_size, sizeof(float));
-        s->linear = calloc(linear_scratch_max(m), sizeof(float));
+        s->linear = calloc(threads * linear_scratch_max(m), sizeof(float));
         s->sample_f = calloc(c->vocab_size, sizeof(float));
         s->sample_i = calloc(c->vocab_size, sizeof(int32_t));
         if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att_out || !s->hb || !s->hb2 ||
@@ -551,9 +551,9 @@ static void attention_gqa(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
         uint32_t hd = c->head_dim, q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd;
 
         /* q, k, v projections */
-        cpu_linear(&L->q, s->xb, n, s->q, s->linear);
-        cpu_linear(&L->k, s->xb, n, s->k, s->linear);
-        cpu_linear(&L->v, s->xb, n, s->v, s->linear);
+        cpu_linear(&L->q, s->xb, n, s->q, s->linear, b->pool);
+        cpu_linear(&L->k, s->xb, n, s->k, s->linear, b->pool);
+        cpu_linear(&L->v, s->xb, n, s->v, s->linear, b->pool);
 
         /* rope on q and k, then k and v into the cache at each row's position */
         for (uint32_t r = 0; r < n; r++) {
@@ -589,14 +589,14 @@ static void attention_mla(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
 
         /* queries: q_proj, or q_a_proj → q_a_layernorm → q_b_proj */
         if (m->q_lora_rank) {
-                cpu_linear(&L->mla.q_a, s->xb, n, s->qa, s->linear);
+                cpu_linear(&L->mla.q_a, s->xb, n, s->qa, s->linear, b->pool);
                 rmsnorm(s->qa, s->qa, L->mla.q_a_norm, n, m->q_lora_rank, MLA_NORM_EPS);
-                cpu_linear(&L->mla.q_b, s->qa, n, s->q, s->linear);
+                cpu_linear(&L->mla.q_b, s->qa, n, s->q, s->linear, b->pool);
         } else
-                cpu_linear(&L->q, s->xb, n, s->q, s->linear);
+                cpu_linear(&L->q, s->xb, n, s->q, s->linear, b->pool);
 
         /* the compressed latent and the shared rope key: [c_kv | k_pe] */
-        cpu_linear(&L->mla.kv_a, s->xb, n, s->kva, s->linear);
+        cpu_linear(&L->mla.kv_a, s->xb, n, s->kva, s->linear, b->pool);
 
         /* kv_a_layernorm on c_kv, rope on k_pe and on every head's q_pe, both into the
          * cache at each row's position */
@@ -630,17 +630,18 @@ static void attention_mla(Backend *b, const BkSeq *seqs, uint32_t n, uint32_t l)
 }
 
 /* y (rows, hidden) = down(silu(gate(x)) * up(x)) for x (rows, hidden). */
-static void swiglu(RunState *s, const BkExpert *e, const float *x, uint32_t rows, float *y)
+static void swiglu(Backend *b, const BkExpert *e, const float *x, uint32_t rows, float *y)
 {
+        RunState *s = &b->s;
         uint32_t width = e->gate.out;
 
-        cpu_linear(&e->gate, x, rows, s->hb, s->linear);
-        cpu_linear(&e->up, x, rows, s->hb2, s->linear);
+        cpu_linear(&e->gate, x, rows, s->hb, s->linear, b->pool);
+        cpu_linear(&e->up, x, rows, s->hb2, s->linear, b->pool);
         for (size_t i = 0; i < (size_t) rows * width; i++) {
                 float g = s->hb[i];
                 s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i];
         }
-        cpu_linear(&e->down, s->hb, rows, y, s->linear);
+        cpu_linear(&e->down, s->hb, rows, y, s->linear, b->pool);
 }
 
 /* The MoE MLP of rows 0..n-1 from s->xb back into s->xb: routed experts weighted, plus
@@ -655,7 +656,7 @@ static void ffn_moe(Backend *b, uint32_t n, uint32_t l)
 
         /* router logits in float32, and each row's experts and weights */
         BkLinear router = router_linear(c, moe);
-        cpu_linear(&router, s->xb, n, s->router, s->linear);
+        cpu_linear(&router, s->xb, n, s->router, s->linear, b->pool);
         for (uint32_t r = 0; r < n; r++)
                 cpu_moe_route(mc, s->router + (size_t) r * mc->n_routed, moe->score_bias, s->route,
                         s->expert_idx + (size_t) r * k, s->expert_w + (size_t) r * k);
@@ -676,7 +677,7 @@ static void ffn_moe(Backend *b, uint32_t n, uint32_t l)
                                 }
                 if (m == 0)
                         continue;
-                swiglu(s, &moe->experts[e], s->gx, m, s->gy);
+                swiglu(b, &moe->experts[e], s->gx, m, s->gy);
                 for (uint32_t j = 0; j < m; j++)
                         for (uint32_t i = 0; i < dim; i++)
                                 s->moe_out[(size_t) who[j] * dim + i] +=
@@ -688,7 +689,7 @@ static void ffn_moe(Backend *b, uint32_t n, uint32_t l)
                 memcpy(s->xb, s->moe_out, (size_t) n * dim * sizeof(float));
                 return;
         }
-        swiglu(s, &moe->shared, s->xb, n, s->gy);
+        swiglu(b, &moe->shared, s->xb, n, s->gy);
         for (size_t i = 0; i < (size_t) n * dim; i++)
                 s->xb[i] = s->moe_out[i] + s->gy[i];
 }
@@ -726,7 +727,7 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
                         attention_gqa(b, seqs, n, l);
 
                 /* output projection and residual */
-                cpu_linear(&L->o, s->att_out, n, s->xb, s->linear);
+                cpu_linear(&L->o, s->att_out, n, s->xb, s->linear, b->pool);
                 for (size_t i = 0; i < (size_t) n * dim; i++)
                         s->x[i] += s->xb[i];
 
@@ -738,7 +739,7 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
                         ffn_moe(b, n, l);
                 else {
                         const BkExpert dense = {L->gate, L->up, L->down};
-                        swiglu(s, &dense, s->xb, n, s->xb);
+                        swiglu(b, &dense, s->xb, n, s->xb);
                 }
 
                 /* residual */
@@ -757,7 +758,7 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
 
         /* lm_head */
         if (n_out > 0)
-                cpu_linear(&m->lm_head, s->xb, n_out, s->logits, s->linear);
+                cpu_linear(&m->lm_head, s->xb, n_out, s->logits, s->linear, b->pool);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -766,12 +767,18 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
 static int cpu_create(const BkOptions *opt, Backend **ret, DsError *err)
 {
         Backend *b;
+        int r;
 
         if (!ret)
                 return ds_error(err, -EINVAL, "cpu backend: no return pointer");
         b = calloc(1, sizeof(*b));
         if (!b)
                 return ds_error(err, -ENOMEM, "cpu backend: out of memory");
+        r = cpu_pool_new(opt ? opt->threads : 1, &b->pool, err);
+        if (r < 0) {
+                free(b);
+                return ds_error_prefix(err, "cpu backend");
+        }
         *ret = b;
         return 0;
 }
@@ -792,7 +799,7 @@ static int cpu_load(Backend *b, const BkModel *model, DsError *err)
         run_state_free(&b->s);
         b->model = NULL;
 
-        r = run_state_alloc(&b->s, model);
+        r = run_state_alloc(&b->s, model, cpu_pool_threads(b->pool));
         if (r < 0) {
                 run_state_free(&b->s);
                 return ds_error(err, r, "cpu backend: out of memory for the run state");
@@ -951,6 +958,7 @@ static void cpu_free(Backend *b)
                 return;
         kv_free(&b->kv);
         run_state_free(&b->s);
+        cpu_pool_free(b->pool);
         free(b);
 }
 

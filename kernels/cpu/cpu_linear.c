@@ -5,6 +5,10 @@
 #include "cpu_linear.h"
 #include "half.h"
 
+/* Layers with fewer weights than this run on the calling thread: waking the workers
+ * would cost more than it saves. */
+#define PARALLEL_MIN_WEIGHTS 65536
+
 /* Output columns an AWQ pass works on at once: their accumulators, for every row of a
  * tile, stay in L1 while the pass walks down all the inputs. A multiple of 8. */
 #define AWQ_COLS 128
@@ -76,10 +80,12 @@ static float dot(const float *a, const float *b, uint32_t n)
                ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-/* w: [out][in]. Each weight row is widened once (wrow: (in)) and used by every row of x. */
-static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float *y, float *wrow)
+/* w: [out][in]. Outputs o0 .. o1 - 1. Each weight row is widened once (wrow: (in)) and
+ * used by every row of x. */
+static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float *y, float *wrow,
+        uint32_t o0, uint32_t o1)
 {
-        for (uint32_t o = 0; o < l->out; o++) {
+        for (uint32_t o = o0; o < o1; o++) {
                 const float *w = wrow;
                 const uint16_t *h = (const uint16_t *) l->w.data + (size_t) o * l->in;
                 switch (l->w.dtype) {
@@ -131,13 +137,15 @@ static void axpy8(float *restrict y, float a, const float *restrict x, uint32_t 
 
 /* W[k][n] = (q[k][n] - z[k/gs][n]) * s[k/gs][n], dequantized one input row of one column
  * block at a time and accumulated into y in ascending k: y[r][n] += x[r][k] * W[k][n].
- * scratch: (3, AWQ_COLS) zeros, scales and the dequantized row. */
-static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch)
+ * Column blocks b0 .. b1 - 1. scratch: (3, AWQ_COLS) zeros, scales and the dequantized
+ * row. */
+static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch,
+        uint32_t b0, uint32_t b1)
 {
         const uint32_t words = l->out / 8; /* packed words per row of qweight / qzeros */
         float *zero = scratch, *scale = scratch + AWQ_COLS, *w = scratch + 2 * AWQ_COLS;
 
-        for (uint32_t n0 = 0; n0 < l->out; n0 += AWQ_COLS) {
+        for (uint32_t n0 = b0 * AWQ_COLS; n0 < MIN(l->out, b1 * AWQ_COLS); n0 += AWQ_COLS) {
                 uint32_t nb = MIN(AWQ_COLS, l->out - n0);
 
                 for (uint32_t r = 0; r < rows; r++)
@@ -163,12 +171,40 @@ static void linear_awq(const BkLinear *l, const float *x, uint32_t rows, float *
         }
 }
 
-void cpu_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch)
+typedef struct {
+        const BkLinear *l;
+        const float *x;
+        uint32_t rows;
+        float *y;
+        float *scratch; /* (parts, cpu_linear_scratch_size(l)) */
+        uint32_t units; /* AWQ column blocks or dense outputs, split among the parts */
+} LinearJob;
+
+/* One part's share of the output columns: each output is summed by one part alone, in
+ * the order one thread would sum it. */
+static void linear_part(void *arg, uint32_t part, uint32_t parts)
 {
-        if (l->kind == BK_LINEAR_AWQ)
-                linear_awq(l, x, rows, y, scratch);
+        const LinearJob *j = arg;
+        uint32_t u0 = (uint32_t) ((uint64_t) j->units * part / parts);
+        uint32_t u1 = (uint32_t) ((uint64_t) j->units * (part + 1) / parts);
+        float *scratch = j->scratch + part * cpu_linear_scratch_size(j->l);
+
+        if (j->l->kind == BK_LINEAR_AWQ)
+                linear_awq(j->l, j->x, j->rows, j->y, scratch, u0, u1);
         else
-                linear_dense(l, x, rows, y, scratch);
+                linear_dense(j->l, j->x, j->rows, j->y, scratch, u0, u1);
+}
+
+void cpu_linear(
+        const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch, CpuPool *pool)
+{
+        LinearJob job = {.l = l, .x = x, .rows = rows, .y = y, .scratch = scratch};
+        uint32_t parts = 1;
+
+        job.units = l->kind == BK_LINEAR_AWQ ? (l->out + AWQ_COLS - 1) / AWQ_COLS : l->out;
+        if ((uint64_t) l->in * l->out >= PARALLEL_MIN_WEIGHTS)
+                parts = MIN(cpu_pool_threads(pool), job.units);
+        cpu_pool_run(pool, linear_part, &job, MAX(parts, 1u));
 
         if (l->bias.data)
                 for (uint32_t o = 0; o < l->out; o++) {

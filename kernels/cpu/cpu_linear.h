@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "cpu_pool.h"
 
 /* Element i of a vector or matrix tensor, widened to float32. */
 float cpu_tensor_get(BkTensor t, size_t i);
@@ -16,12 +17,14 @@ float cpu_tensor_get(BkTensor t, size_t i);
  * what (e.g. "layer 3 q_proj") when not. */
 int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *what, DsError *err);
 
-/* Floats of scratch cpu_linear() needs for l. */
+/* Floats of scratch cpu_linear() needs for l, per thread of its pool. */
 size_t cpu_linear_scratch_size(const BkLinear *l);
 
 /* y (rows, l->out) = x (rows, l->in) · W + bias. scratch holds cpu_linear_scratch_size()
- * floats. */
-void cpu_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch);
+ * floats for each of cpu_pool_threads(pool). The output columns are split among the
+ * pool's threads (NULL: the caller alone); the bits of y never depend on how. */
+void cpu_linear(
+        const BkLinear *l, const float *x, uint32_t rows, float *y, float *scratch, CpuPool *pool);
 
 /* row (l->out) = input row k of W (the [in][out] view), dequantized to float32 exactly as
  * cpu_linear() sees it: for code that needs W itself, like MLA's absorbed attention. */

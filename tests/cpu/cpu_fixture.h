@@ -102,17 +102,24 @@ typedef struct Fixture {
         uint32_t vocab;
 } Fixture;
 
-static inline Fixture fix_open(const char *dir)
+/* Loads fixture dir on a CPU backend of threads threads (0 means one). */
+static inline Fixture fix_open_threads(const char *dir, uint32_t threads)
 {
         DsError err = {0};
         ModelOptions mo = {0};
         Fixture f = {0};
 
         CHECK(model_load(dir, &mo, &f.model, &err) == 0, "model_load %s: %s", dir, err.msg);
-        CHECK(backend_cpu_ops.create(&(BkOptions){0}, &f.b, &err) == 0, "%s", err.msg);
+        CHECK(backend_cpu_ops.create(&(BkOptions){.threads = threads}, &f.b, &err) == 0, "%s",
+                err.msg);
         CHECK(backend_cpu_ops.load(f.b, &f.model->bk, &err) == 0, "%s", err.msg);
         f.vocab = f.model->bk.cfg.vocab_size;
         return f;
+}
+
+static inline Fixture fix_open(const char *dir)
+{
+        return fix_open_threads(dir, 0);
 }
 
 /* Drops the cache and makes a fresh one of FIX_MAX_BLOCKS blocks. */

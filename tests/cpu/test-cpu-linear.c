@@ -51,7 +51,7 @@ static void check_layer(const char *what, const BkLinear *l, const double *w /* 
 
         for (uint32_t i = 0; i < ROWS * IN; i++)
                 x[i] = frand();
-        cpu_linear(l, x, ROWS, y, scratch);
+        cpu_linear(l, x, ROWS, y, scratch, NULL);
 
         double err = 0, ref_norm = 0;
         for (uint32_t r = 0; r < ROWS; r++)
@@ -65,7 +65,7 @@ static void check_layer(const char *what, const BkLinear *l, const double *w /* 
         CHECK(err < 1e-5 * ref_norm, "%s: max error %g (max |y| %g)", what, err, ref_norm);
 
         for (uint32_t r = 0; r < ROWS; r++) {
-                cpu_linear(l, x + r * IN, 1, y1, scratch);
+                cpu_linear(l, x + r * IN, 1, y1, scratch, NULL);
                 CHECK(memcmp(y1, y + r * OUT, sizeof(y1)) == 0, "%s: row %u differs alone", what,
                         r);
         }

@@ -19,7 +19,7 @@ static double check(const BkLinear *l, uint32_t rows)
         /* Poison: a result the kernel did not write shows as NaN. */
         for (size_t i = 0; i < (size_t) rows * l->out; i++)
                 got[i] = NAN;
-        cpu_linear(l, x, rows, want, scratch);
+        cpu_linear(l, x, rows, want, scratch, NULL);
         CHECK(cuda_test_linear(l, x, rows, got, &err) == 0, "%s", err.msg);
         double e = rel_err(got, want, (size_t) rows * l->out);
         CHECK(e < TOL, "%s %u->%u rows %u: relative error %.3g",
