@@ -1305,6 +1305,13 @@ int server_new(
                 r = arm_notify(s);
         if (r < 0)
                 return ds_error(err, r, "cannot queue the first io_uring operations");
+        /* The HTTP listener opens now, so that health checks see "loading" rather than a
+         * refused connection while the first model loads. */
+        if (s->opt.http && s->opt.http->listen[0]) {
+                r = http_listener_new(&s->ring, NULL, NULL, s->opt.http, "", &s->http, err);
+                if (r < 0)
+                        return r;
+        }
         *ret = TAKE_PTR(s);
         return 0;
 }

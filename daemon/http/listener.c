@@ -796,7 +796,10 @@ static void handle_metrics(HttpConn *c)
         EngineLoopStats st;
         StrBuf b = {};
 
-        engine_loop_stats(h->loop, &st);
+        if (h->loop)
+                engine_loop_stats(h->loop, &st);
+        else
+                st = (EngineLoopStats){};
         uint32_t used = st.kv_blocks_total - st.kv_blocks_free;
         metrics_set(h->metrics, METRIC_RUNNING, st.active);
         metrics_set(h->metrics, METRIC_WAITING, st.queued);
@@ -814,6 +817,11 @@ static void handle_metrics(HttpConn *c)
         strbuf_free(&b);
 }
 
+/* Bodies of /health; their lengths come from sizeof, never counted by hand. */
+#define HEALTH_OK       "{\"status\":\"ok\"}"
+#define HEALTH_LOADING  "{\"status\":\"loading\"}"
+#define HEALTH_DRAINING "{\"status\":\"draining\"}"
+
 static void route(HttpConn *c, const HttpRequest *hr)
 {
         HttpListener *h = c->h;
@@ -827,9 +835,12 @@ static void route(HttpConn *c, const HttpRequest *hr)
         if (strcmp(p, "/health") == 0 && get) {
                 /* Load balancers steer away from a drained daemon as from a stopping one. */
                 if (h->stopping || h->draining)
-                        return respond(c, 503, "application/json", "{\"status\":\"draining\"}", 22,
-                                "Retry-After: 1\r\n");
-                return respond(c, 200, "application/json", "{\"status\":\"ok\"}", 15, NULL);
+                        return respond(c, 503, "application/json", HEALTH_DRAINING,
+                                sizeof(HEALTH_DRAINING) - 1, "Retry-After: 1\r\n");
+                if (!h->engine)
+                        return respond(c, 503, "application/json", HEALTH_LOADING,
+                                sizeof(HEALTH_LOADING) - 1, "Retry-After: 1\r\n");
+                return respond(c, 200, "application/json", HEALTH_OK, sizeof(HEALTH_OK) - 1, NULL);
         }
         /* Everything but the health check needs the token when one is configured. */
         if (!http_auth_check(&h->auth, http_request_header(hr, "authorization"))) {
@@ -838,6 +849,11 @@ static void route(HttpConn *c, const HttpRequest *hr)
                 e.code = "invalid_api_key";
                 return respond_error(c, &e);
         }
+        if (strcmp(p, "/metrics") == 0 && get)
+                return handle_metrics(c);
+        /* Until the first model is resident there is nothing else to answer with. */
+        if (!h->engine)
+                return respond_status(c, 503, NULL, "%s", "No model is loaded yet");
         if (strcmp(p, "/v1/chat/completions") == 0 && post)
                 return handle_completion(c, hr, OAI_CHAT);
         if (strcmp(p, "/v1/completions") == 0 && post)
@@ -846,8 +862,6 @@ static void route(HttpConn *c, const HttpRequest *hr)
                 return handle_tokenize(c, hr);
         if (strcmp(p, "/detokenize") == 0 && post)
                 return handle_detokenize(c, hr);
-        if (strcmp(p, "/metrics") == 0 && get)
-                return handle_metrics(c);
         if (strcmp(p, "/v1/models") == 0 && get) {
                 if (oai_models_json(&b, h->model, h->created) < 0)
                         conn_close(c, "out of memory");
@@ -1156,7 +1170,8 @@ int http_listener_set_engine(HttpListener *h, Engine *e, EngineLoop *loop, const
         h->model = m;
         h->engine = e;
         h->loop = loop;
-        return 0;
+        /* Series carry the model that serves now; the counters themselves go on. */
+        return metrics_set_model(h->metrics, model);
 }
 
 void http_listener_stop(HttpListener *h)

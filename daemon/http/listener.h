@@ -50,7 +50,9 @@ int http_config_parse(const cJSON *obj, HttpConfig *c, DsError *err);
 typedef struct HttpListener HttpListener;
 
 /* Binds the listening socket and queues its first operations on ring (not owned, must
- * outlive the listener). model names the model in answers and metrics. The listener
+ * outlive the listener). model names the model in answers and metrics. e and loop are
+ * NULL (and model "") while the first model loads: /health then answers 503 "loading"
+ * and every endpoint but /metrics 503, until http_listener_set_engine(). The listener
  * creates the metrics; the server feeds native requests' events in with
  * http_listener_account(). */
 int http_listener_new(struct io_uring *ring, Engine *e, EngineLoop *loop, const HttpConfig *c,

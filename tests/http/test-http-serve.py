@@ -134,10 +134,18 @@ def main():
                               "--kv-bytes", str(KV_BYTES_PER_TOKEN * 512 * 4)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         try:
-            for _ in range(200):
+            # The listener opens before the model is resident and answers 503 until then.
+            ready = False
+            for _ in range(400):
                 if os.path.exists(hp):
-                    break
+                    status, body, _ = request(hp, "GET", "/health", token=None)
+                    if status == 200:
+                        ready = True
+                        break
+                    check(status == 503 and json.loads(body)["status"] == "loading",
+                          f"/health while loading: {status} {body!r}")
                 time.sleep(0.05)
+            check(ready, "/health never answered 200")
             run(hp, want)
             bench(hp, tmp)
         finally:
@@ -146,7 +154,32 @@ def main():
             if d.returncode != 0:
                 print(out)
                 check(False, f"dsd exited {d.returncode}")
+    no_model()
     print("all passed")
+
+
+def no_model():
+    """Without a model the listener is up: /health and generation answer 503, /metrics 200."""
+    with tempfile.TemporaryDirectory() as tmp:
+        hp = os.path.join(tmp, "http.sock")
+        d = subprocess.Popen([dsd, "--socket", os.path.join(tmp, "dsd.sock"), "--http-listen", hp],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(200):
+                if os.path.exists(hp):
+                    break
+                time.sleep(0.05)
+            status, body, _ = request(hp, "GET", "/health", token=None)
+            check(status == 503 and json.loads(body)["status"] == "loading",
+                  f"/health without a model: {status} {body!r}")
+            status, body, _ = request(hp, "POST", "/v1/completions", {"prompt": "a"}, token=None)
+            check_error(status, body, 503, None, "a completion without a model: 503")
+            status, body, _ = request(hp, "GET", "/metrics", token=None)
+            check(status == 200 and b"dsd_requests_running" in body,
+                  f"/metrics without a model: {status}")
+        finally:
+            d.terminate()
+            d.communicate(timeout=30)
 
 
 def run(hp, want):
