@@ -48,6 +48,10 @@ typedef struct HttpOp {
 struct HttpGen {
         HttpListener *h;
         HttpConn *conn; /* NULL once the connection is gone */
+        /* The model it runs on: after a reload the old one finishes it, so cancels and
+         * token texts must go there, not to the listener's current model. */
+        Engine *engine;
+        EngineLoop *loop;
         uint64_t id;
         OaiRequest *req;
         OaiResponse resp;
@@ -320,9 +324,10 @@ static void conn_close(HttpConn *c, const char *why)
         c->closed = true;
         if (c->gen) {
                 /* The engine frees its blocks at the next step; the FINAL frees g. */
+                EngineLoop *loop = c->gen->loop;
                 c->gen->conn = NULL;
                 c->gen = NULL;
-                if (engine_loop_cancel_client(h->loop, c->key) < 0)
+                if (engine_loop_cancel_client(loop, c->key) < 0)
                         log_error("Failed to cancel the request of HTTP connection %u",
                                 c->key & ~HTTP_CLIENT_KEY_BIT);
         }
@@ -387,9 +392,9 @@ static void respond_status(
 
 // --- Generation -------------------------------------------------------------------------
 
-static int token_text(HttpListener *h, int32_t id, char **ret, size_t *ret_len)
+static int token_text(const HttpGen *g, int32_t id, char **ret, size_t *ret_len)
 {
-        return tokenizer_decode(h->engine->tok, &id, 1, ret, ret_len, NULL);
+        return tokenizer_decode(g->engine->tok, &id, 1, ret, ret_len, NULL);
 }
 
 static int add_logprobs(HttpGen *g, const SchedEvent *ev)
@@ -399,10 +404,10 @@ static int add_logprobs(HttpGen *g, const SchedEvent *ev)
         uint32_t n = MIN(ev->n_top, g->req->top_logprobs);
         int r;
 
-        r = token_text(g->h, ev->token, &texts[0], &s.len);
+        r = token_text(g, ev->token, &texts[0], &s.len);
         s.text = texts[0];
         for (uint32_t i = 0; r >= 0 && i < n; i++) {
-                r = token_text(g->h, ev->top[i].id, &texts[i + 1], &top[i].len);
+                r = token_text(g, ev->top[i].id, &texts[i + 1], &top[i].len);
                 top[i].text = texts[i + 1];
                 top[i].logprob = ev->top[i].logprob;
         }
@@ -706,6 +711,8 @@ static void handle_completion(HttpConn *c, const HttpRequest *hr, OaiKind kind)
         g->resp = (OaiResponse){
                 .kind = kind, .id = g->resp_id, .model = h->model, .created = time(NULL)};
         sr->userdata = g;
+        g->engine = h->engine;
+        g->loop = h->loop;
 
         r = engine_loop_submit(h->loop, &sr, &err);
         if (r < 0) {

@@ -276,12 +276,38 @@ def main(tmp, model_a):
             check(r.returncode == 0, f"status as nobody may read: {r.stderr!r}")
             check(status().get("State") == "ready", "a refused call changed the state")
 
-        # --- back to stories260K for the drain test, by SIGHUP (= Reload("")).
+        # --- back to stories260K for the drain test, by SIGHUP (= Reload("")), with an HTTP
+        # stream on the old model across it: when that client goes away after the switch,
+        # its request is cancelled on the old model, which is then freed at once rather
+        # than after the 2000 tokens.
+        hs = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        hs.connect(http_sock)
+        body = json.dumps({"prompt": "x", "max_tokens": 2000, "temperature": 0,
+                           "stream": True}).encode()
+        hs.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: dsd\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+                   + body)
+        hs.settimeout(10)
+        head = b""
+        while b"data:" not in head:
+            chunk = hs.recv(65536)
+            if not chunk:
+                break
+            head += chunk
+        check(b"data:" in head, f"the HTTP stream did not start: {head[:300]!r}")
+        freed = d.text().count("previous model finished its last request")
         d.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 60
         while status().get("Model") != model_a and time.monotonic() < deadline:
             time.sleep(0.1)
         check(wait_state("ready").get("Model") == model_a, "SIGHUP did not reload the config")
+        hs.close()
+        deadline = time.monotonic() + 2
+        while (d.text().count("previous model finished its last request") == freed
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        check(d.text().count("previous model finished its last request") > freed,
+              "an HTTP client that left after the reload kept the old model busy")
 
         # --- 2: Drain, then SIGTERM while 8 requests stream.
         code, _ = http_status(http_sock, "GET", "/health")
