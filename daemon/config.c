@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "json_excerpt.h"
+
 #include "log.h"
 
 typedef enum FieldType {
@@ -50,29 +52,28 @@ typedef struct ConfigField {
 /* The defaults and ranges, in the order docs/operations.md and packaging/dsd.json list
  * them. Ranges are wide enough for any machine and small enough that products of them
  * (batch × context, clients × pending bytes) cannot overflow or exhaust memory. */
-static const ConfigField config_fields[] =
-        {
-                /* key                              type            member lo        hi default */
-                F("model", FT_MODEL, model, 0, 0, ""),
-                F("backend", FT_BACKEND, backend, 0, 0, "auto"),
-                F("device", FT_U32, device, 0, 255, "0"),
-                F("quantize_at_load", FT_BOOL, quantize_at_load, 0, 0, "false"),
-                F("limits.context_length", FT_U32, limits.context_length, 0, 1 << 24, "0"),
-                F("limits.max_batch", FT_U32, limits.max_batch, 1, 1024, "16"),
-                F("limits.queue_length", FT_U32, limits.queue_length, 0, 65536, "256"),
-                F("limits.kv_memory_fraction", FT_FRACTION, limits.kv_memory_fraction, 0, 1, "0.9"),
-                F("limits.client_max_requests", FT_U32, limits.client_max_requests, 1, 4096, "16"),
-                F("limits.client_max_pending_events", FT_U32, limits.client_max_pending_events, 16,
-                        1 << 20, "4096"),
-                F("limits.client_max_pending_bytes", FT_U64, limits.client_max_pending_bytes, 4096,
-                        1ull << 32, "16777216"),
-                F("socket.path", FT_SOCKET_PATH, socket_path, 0, 0, "/run/dsd/dsd.sock"),
-                F("socket.mode", FT_MODE, socket_mode, 0, 0, "0660"),
-                F("socket.allowed_uids", FT_UIDS, allowed_uids, 0, 0, ""),
-                F("socket.allowed_gids", FT_GIDS, allowed_gids, 0, 0, ""),
-                F("log_level", FT_LOG_LEVEL, log_level, 0, 0, "info"),
-                F("bus", FT_BUS, bus, 0, 0, "system"),
-                F("stop_timeout_sec", FT_U32, stop_timeout_sec, 1, 3600, "60"),
+static const ConfigField config_fields[] = {
+        /* key                              type            member lo        hi default */
+        F("model", FT_MODEL, model, 0, 0, ""),
+        F("backend", FT_BACKEND, backend, 0, 0, "auto"),
+        F("device", FT_U32, device, 0, 255, "0"),
+        F("quantize_at_load", FT_BOOL, quantize_at_load, 0, 0, "false"),
+        F("limits.context_length", FT_U32, limits.context_length, 0, 1 << 24, "0"),
+        F("limits.max_batch", FT_U32, limits.max_batch, 1, 1024, "16"),
+        F("limits.queue_length", FT_U32, limits.queue_length, 0, 65536, "256"),
+        F("limits.kv_memory_fraction", FT_FRACTION, limits.kv_memory_fraction, 0, 1, "0.9"),
+        F("limits.client_max_requests", FT_U32, limits.client_max_requests, 1, 4096, "16"),
+        F("limits.client_max_pending_events", FT_U32, limits.client_max_pending_events, 16, 1 << 20,
+                "4096"),
+        F("limits.client_max_pending_bytes", FT_U64, limits.client_max_pending_bytes, 4096,
+                1ull << 32, "16777216"),
+        F("socket.path", FT_SOCKET_PATH, socket_path, 0, 0, "/run/dsd/dsd.sock"),
+        F("socket.mode", FT_MODE, socket_mode, 0, 0, "0660"),
+        F("socket.allowed_uids", FT_UIDS, allowed_uids, 0, 0, ""),
+        F("socket.allowed_gids", FT_GIDS, allowed_gids, 0, 0, ""),
+        F("log_level", FT_LOG_LEVEL, log_level, 0, 0, "info"),
+        F("bus", FT_BUS, bus, 0, 0, "system"),
+        F("stop_timeout_sec", FT_U32, stop_timeout_sec, 1, 3600, "60"),
 };
 
 #undef F
@@ -215,20 +216,6 @@ static const char *origin_prefix(const Origin *o, const char *key, char *buf, si
         return buf;
 }
 
-/* A short rendering of a JSON value for messages ("got ..."). */
-static const char *json_str(const cJSON *j, char *buf, size_t size)
-{
-        _cleanup_free_ char *s = cJSON_PrintUnformatted(j);
-
-        if (!s)
-                return "?";
-        if (strlen(s) >= size && size > 4)
-                snprintf(buf, size, "%.*s...", (int) size - 4, s);
-        else
-                snprintf(buf, size, "%s", s);
-        return buf;
-}
-
 static int field_fail(
         const Origin *o, DsError *err, const char *key, const cJSON *v, const char *want)
 {
@@ -236,7 +223,7 @@ static int field_fail(
 
         return ds_error(err, -DS_ERR_FORMAT, "%s: field '%s' must be %s, got %s",
                 origin_prefix(o, key, where, sizeof(where)), key, want,
-                json_str(v, got, sizeof(got)));
+                json_excerpt(v, got, sizeof(got)));
 }
 
 static int field_fail_msg(const Origin *o, DsError *err, const char *key, const char *msg)

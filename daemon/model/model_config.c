@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "json_excerpt.h"
 #include "model.h"
 
 /* Limits well above any real model, so that products of dimensions stay far from
@@ -35,20 +36,6 @@ typedef struct Field {
         DsError *err;
 } Field;
 
-/* A short rendering of a JSON value for messages ("got ..."). */
-static const char *json_str(const cJSON *j, char *buf, size_t size)
-{
-        _cleanup_free_ char *s = cJSON_PrintUnformatted(j);
-
-        if (!s)
-                return "?";
-        if (strlen(s) >= size && size > 4)
-                snprintf(buf, size, "%.*s...", (int) size - 4, s);
-        else
-                snprintf(buf, size, "%s", s);
-        return buf;
-}
-
 static int field_error(const Field *f, int code, const char *key, const cJSON *v, const char *want)
 {
         char buf[48];
@@ -57,7 +44,7 @@ static int field_error(const Field *f, int code, const char *key, const cJSON *v
                 return ds_error(
                         f->err, code, "%s: field '%s%s' is missing", f->file, f->prefix, key);
         return ds_error(f->err, code, "%s: field '%s%s' must be %s, got %s", f->file, f->prefix,
-                key, want, json_str(v, buf, sizeof(buf)));
+                key, want, json_excerpt(v, buf, sizeof(buf)));
 }
 
 /* A value that is absent or null takes the default. */
