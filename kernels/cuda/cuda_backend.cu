@@ -269,18 +269,33 @@ static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32
         return 0;
 }
 
-static uint32_t gemv_splits(const Backend *b, bool awq, uint32_t n, uint32_t k)
+/* Repacks the AWQ part p into l (device storage already there) at column n_off. */
+static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uint32_t n_off,
+        const char *what, DsError *err)
 {
-        if (awq) {
-                /* ~16 warps per SM (each keeps 8 KB of loads in flight), and at least two
-                 * k tiles of 128 per slice so a warp's loads go out together. */
-                uint32_t warps = div_up(n, 32), s = div_up((uint32_t) b->n_sm * 16, warps);
-                return MIN(MIN(s, MAX(1u, div_up(k, 128) / 2)), 16u);
+        uint32_t groups = p->in / p->group_size;
+        size_t qb = (size_t) p->in * p->out / 2, zb = (size_t) groups * p->out / 2;
+        size_t sb = (size_t) groups * p->out * 2;
+        uint8_t *stage = NULL;
+        int r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
+        if (r < 0)
+                return r;
+        /* On the repack's stream: a pageable copy may return before its DMA lands, and our
+         * stream does not wait for the legacy one. */
+        cudaError_t e = cudaMemcpyAsync(stage, p->qweight, qb, cudaMemcpyHostToDevice, b->st);
+        if (e == cudaSuccess)
+                e = cudaMemcpyAsync(stage + qb, p->qzeros, zb, cudaMemcpyHostToDevice, b->st);
+        if (e == cudaSuccess)
+                e = cudaMemcpyAsync(stage + qb + zb, p->scales, sb, cudaMemcpyHostToDevice, b->st);
+        if (e == cudaSuccess) {
+                cu_awq_repack(b->st, l, (const uint32_t *) stage, (const uint32_t *) (stage + qb),
+                        (const __half *) (stage + qb + zb), p->out, n_off);
+                e = cudaStreamSynchronize(b->st);
         }
-        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice; a dense
-         * warp takes 4 columns and 8 k per load. */
-        uint32_t warps = div_up(n, 4), s = div_up((uint32_t) b->n_sm * 32, warps);
-        return MIN(MIN(s, MAX(1u, k / 8 / 32)), 16u);
+        if (e != cudaSuccess)
+                r = cuda_fail(err, e, what);
+        cudaFree(stage);
+        return r;
 }
 
 /* Uploads parts[0..n_parts) (same input, outputs concatenated) as one device linear. */
@@ -311,43 +326,19 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                                 "cuda backend: %s: AWQ needs in and group size multiples of 32",
                                 what);
                 l->group_size = p0->group_size;
-                l->splits = split ? gemv_splits(b, true, N, l->in) : 1;
-                uint32_t groups = l->in / l->group_size;
-                DALLOC(l->qw, (size_t) N * div_up(l->in, 128) * 128 / 2, what);
-                DALLOC(l->sz, (size_t) groups * N * sizeof(__half2), what);
+                l->splits = split ? cu_awq_splits(b->n_sm, N, l->in, 1) : 1;
+                size_t qw_bytes, sz_bytes;
+                cu_awq_sizes(l->in, N, l->group_size, &qw_bytes, &sz_bytes);
+                DALLOC(l->qw, qw_bytes, what);
+                DALLOC(l->sz, sz_bytes, what);
                 uint32_t n_off = 0;
                 for (uint32_t i = 0; i < n_parts && r == 0; i++) {
-                        const BkLinear *p = parts[i];
-                        size_t qb = (size_t) p->in * p->out / 2, zb = (size_t) groups * p->out / 2;
-                        size_t sb = (size_t) groups * p->out * 2;
-                        uint8_t *stage = NULL;
-                        r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
-                        if (r < 0)
-                                break;
-                        /* On the repack's stream: a pageable copy may return before its DMA
-                         * lands, and our stream does not wait for the legacy one. */
-                        cudaError_t e = cudaMemcpyAsync(stage, p->qweight, qb,
-                                cudaMemcpyHostToDevice, b->st);
-                        if (e == cudaSuccess)
-                                e = cudaMemcpyAsync(stage + qb, p->qzeros, zb,
-                                        cudaMemcpyHostToDevice, b->st);
-                        if (e == cudaSuccess)
-                                e = cudaMemcpyAsync(stage + qb + zb, p->scales, sb,
-                                        cudaMemcpyHostToDevice, b->st);
-                        if (e == cudaSuccess) {
-                                cu_awq_repack(b->st, l, (const uint32_t *) stage,
-                                        (const uint32_t *) (stage + qb),
-                                        (const __half *) (stage + qb + zb), p->out, n_off);
-                                e = cudaStreamSynchronize(b->st);
-                        }
-                        if (e != cudaSuccess)
-                                r = cuda_fail(err, e, what);
-                        cudaFree(stage);
-                        n_off += p->out;
+                        r = awq_repack_part(b, l, parts[i], n_off, what, err);
+                        n_off += parts[i]->out;
                 }
         } else {
                 l->kp = (p0->in + 7) / 8 * 8;
-                l->splits = split ? gemv_splits(b, false, N, l->kp) : 1;
+                l->splits = split ? cu_dense_splits(b->n_sm, N, l->kp) : 1;
                 DALLOC(l->w, (size_t) N * l->kp * 2, what);
                 if (l->kp != l->in)
                         CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
@@ -1221,6 +1212,113 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         dfree(xh);
         dfree(yd);
         linear_free(&d);
+        cuda_free(b);
+        return r;
+}
+
+extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
+        const uint32_t *expert_of, uint32_t n_pairs, uint32_t x_div, bool reverse,
+        const float *x, float *y, DsError *err)
+{
+        const BkLinear *e0 = &experts[0];
+        for (uint32_t e = 0; e < n_experts; e++)
+                if (experts[e].kind != BK_LINEAR_AWQ || experts[e].in != e0->in ||
+                        experts[e].out != e0->out || experts[e].group_size != e0->group_size)
+                        return ds_error(err, -EINVAL, "test experts: expert %u differs", e);
+        Backend *b = NULL;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        CuLinear l = {};
+        l.awq = true;
+        l.in = e0->in;
+        l.out = e0->out;
+        l.group_size = e0->group_size;
+        l.splits = cu_awq_splits(b->n_sm, l.out, l.in, 6);
+        size_t qb, sb, K = l.in, N = l.out, x_rows = (n_pairs + x_div - 1) / x_div;
+        cu_awq_sizes(l.in, l.out, l.group_size, &qb, &sb);
+        size_t y_floats = (size_t) l.splits * n_pairs * N;
+        uint32_t *off = (uint32_t *) calloc(n_experts + 1, sizeof(uint32_t));
+        uint32_t *list = (uint32_t *) calloc(n_pairs + 1, sizeof(uint32_t));
+        float *xd = NULL, *yd = NULL, *yh = (float *) calloc(y_floats, sizeof(float));
+        __half *xh = NULL;
+        uint32_t *offd = NULL, *listd = NULL;
+        if (!off || !list || !yh)
+                r = ds_error(err, -ENOMEM, "test experts: out of memory");
+        /* counting sort of the pairs by expert, in pair order or its reverse */
+        for (uint32_t p = 0; r == 0 && p < n_pairs; p++)
+                off[expert_of[p] + 1]++;
+        for (uint32_t e = 0; r == 0 && e < n_experts; e++)
+                off[e + 1] += off[e];
+        for (uint32_t i = 0; r == 0 && i < n_pairs; i++) {
+                uint32_t p = reverse ? n_pairs - 1 - i : i;
+                list[off[expert_of[p]]++] = p;
+        }
+        for (uint32_t e = n_experts; r == 0 && e > 0; e--)
+                off[e] = off[e - 1];
+        if (r == 0)
+                off[0] = 0;
+        if (r == 0)
+                r = dalloc((void **) &l.qw, qb * n_experts, "experts", err);
+        if (r == 0)
+                r = dalloc((void **) &l.sz, sb * n_experts, "experts", err);
+        for (uint32_t e = 0; r == 0 && e < n_experts; e++) {
+                CuLinear v = l;
+                v.qw = (uint4 *) ((char *) l.qw + e * qb);
+                v.sz = (__half2 *) ((char *) l.sz + e * sb);
+                r = awq_repack_part(b, &v, &experts[e], 0, "test experts", err);
+        }
+        if (r == 0)
+                r = dalloc((void **) &xd, x_rows * K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &xh, x_rows * K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, y_floats * 4, "y", err);
+        if (r == 0)
+                r = dalloc((void **) &offd, (n_experts + 1) * 4, "off", err);
+        if (r == 0)
+                r = dalloc((void **) &listd, (n_pairs + 1) * 4, "list", err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpyAsync(xd, x, x_rows * K * 4, cudaMemcpyHostToDevice,
+                        b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(offd, off, (n_experts + 1) * 4,
+                                cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(listd, list, (n_pairs + 1) * 4,
+                                cudaMemcpyHostToDevice, b->st);
+                /* poison: a row a slice misses shows as NaN */
+                if (e == cudaSuccess)
+                        e = cudaMemsetAsync(yd, 0xff, y_floats * 4, b->st);
+                if (e == cudaSuccess) {
+                        cu_to_half(b->st, xd, xh, x_rows * K);
+                        cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, offd, listd,
+                                x_div, xh, (uint32_t) K, yd, (size_t) n_pairs * N);
+                        e = cudaGetLastError();
+                }
+                if (e == cudaSuccess)
+                        e = cudaStreamSynchronize(b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(yh, yd, y_floats * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        for (size_t i = 0; i < (size_t) n_pairs * N; i++) {
+                                float v = 0.0f;
+                                for (uint32_t s = 0; s < l.splits; s++)
+                                        v += yh[s * (size_t) n_pairs * N + i];
+                                y[i] = v;
+                        }
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test experts");
+        }
+        free(off);
+        free(list);
+        free(yh);
+        dfree(xd);
+        dfree(xh);
+        dfree(yd);
+        dfree(offd);
+        dfree(listd);
+        linear_free(&l);
         cuda_free(b);
         return r;
 }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The CUDA backend's kernels and their launchers, shared by cuda_kernels.cu (which defines
- * them) and cuda_backend.cu (which drives them). C++ linkage: nothing here crosses into C.
+/* The CUDA backend's kernels and their launchers, shared by cuda_kernels.cu and
+ * cuda_gemv.cu (the GEMVs, the AWQ repack and dequantization), which define them, and
+ * cuda_backend.cu, which drives them. C++ linkage: nothing here crosses into C.
  *
  * The residual stream, queries and a linear's partial sums are float32; a linear's input
  * is FP16 (its producer rounds once, as the tensor cores and cuBLAS take it); weights are
@@ -29,8 +30,8 @@ typedef struct CuLinear {
         uint32_t kp;         /* dense: row stride of w, in padded to a multiple of 8 */
         uint32_t group_size; /* awq */
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
-        uint4 *qw;           /* awq: (N/8, ceil(K/128), 32) 16-byte units, see k_gemv_awq */
-        __half2 *sz;         /* awq: (K/group_size, N) (scale, zero) */
+        uint4 *qw;           /* awq: (ceil(N/16), ceil(K/64), 32) 16-byte units, see cuda_gemv.cu */
+        __half2 *sz;         /* awq: scales and zeros per (group, column), see cuda_gemv.cu */
         __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
         float *bias;         /* (N) or NULL */
 } CuLinear;
@@ -81,14 +82,6 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
 void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t rows, uint32_t inter, __half *out);
 
-/* y[s] (rows, N) = slice s of x (rows, K; row stride ldx, even) · W, for rows <= 16 (AWQ)
- * or GEMV_ROWS (dense); slices are slice_stride floats apart. */
-void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
-        float *y, size_t slice_stride);
-
-/* w16 (N, K) = the dequantized AWQ weight, FP16. */
-void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16);
-
 /* Float32 to FP16, n elements. */
 void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
 
@@ -96,7 +89,44 @@ void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
 void cu_argmax(cudaStream_t st, const float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
         int32_t *ids);
 
+/* ---------------------------------------------------------------------------------------
+ * cuda_gemv.cu */
+
+/* y[s] (rows, N) = slice s of x (rows, K; row stride ldx, a multiple of 4 for AWQ, even
+ * for dense) · W, for rows <= 16 (AWQ) or GEMV_ROWS (dense); slices are slice_stride
+ * floats apart. An AWQ row's result does not depend on the other rows. */
+void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y, size_t slice_stride);
+
+/* MoE: n_experts matrices of one shape. l describes expert 0 (in, out, group_size, splits,
+ * qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4 units) and
+ * l->sz + e*sz_units (__half2 units). off (device, n_experts+1 entries) and list (device):
+ * expert e's rows are list[off[e] .. off[e+1]); an entry p is a "pair" index: its input is
+ * row p / x_div of x (row stride ldx, a multiple of 4, FP16) and its output is row p of
+ * each slice of y (slice s at y + s*slice_stride, row stride l->out, float32). Any number
+ * of rows per expert (passes of 8); experts without rows cost an empty block. The grid
+ * does not depend on the routing (the launch can be captured in CUDA graphs), and row p's
+ * result does not depend on which other rows share its expert. */
+void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_experts, size_t qw_units,
+        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t x_div,
+        const __half *x, uint32_t ldx, float *y, size_t slice_stride);
+
+/* Bytes of the repacked weight units and of the (scale, zero) pairs of one AWQ matrix. */
+void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,
+        size_t *sz_bytes);
+
+/* K slices for an AWQ GEMV of n x k when `matrices` such GEMVs run in the same launch. */
+uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices);
+
+/* K slices for a dense GEMV of n x k (k the padded row stride). */
+uint32_t cu_dense_splits(int n_sm, uint32_t n, uint32_t k);
+
 /* Repacks AWQ GEMM-layout tensors (device copies) into l's layout, at column offset n_off
- * of a fused layer of l->out columns: q has in rows of n/8 words. */
+ * of a fused layer of l->out columns: q has in rows of n/8 words. Parts go in one after
+ * the other; the last one (n_off + n == l->out) also fills the padding of the last tile,
+ * so l->qw and l->sz need no clearing first. */
 void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
         const uint32_t *qzeros, const __half *scales, uint32_t n, uint32_t n_off);
+
+/* w16 (N, K) = the dequantized AWQ weight, FP16. */
+void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16);

@@ -1,0 +1,579 @@
+/* SPDX-License-Identifier: MIT */
+/* The GEMVs (INT4 AWQ up to 16 rows, also per MoE expert; dense FP16 up to GEMV_ROWS), the
+ * AWQ repack that lays the weights out for them, and the dequantization the cuBLAS path
+ * multiplies (see cuda_kernels.cuh). */
+#include "cuda_kernels.cuh"
+
+/* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
+ * repack reads the checkpoint through it. */
+__constant__ uint32_t AWQ_REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+static inline uint32_t div_up(uint32_t a, uint32_t b)
+{
+        return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
+{
+        return *reinterpret_cast<__half2 *>(&u);
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(__half2 h)
+{
+        return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* Weights are read once per step: keep them out of L1 so x and the scales stay there. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+}
+
+__device__ __forceinline__ uint2 ld_stream(const uint2 *p)
+{
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                     : "=r"(v.x), "=r"(v.y)
+                     : "l"(p));
+        return v;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * INT4 x FP16 GEMV for up to 16 rows on tensor cores, streaming the weights.
+ *
+ * The weights are the A operand of mma.m16n8k16 (16 output columns by 16 k) and the rows
+ * of x the B operand (8 rows; a second mma takes rows 8..15), so one 32-bit word of
+ * weights feeds one mma and up to 8 rows cost the same instructions as one.
+ *
+ * Layout (k_awq_repack): tiles of AWQ_TN = 16 columns, chunks of AWQ_KC = 64 k. One (tile,
+ * chunk) unit is 32 16-byte pieces, piece l for lane l = 4g + t; its word j is k-step j (k
+ * 16j..16j+15 of the chunk), in which the lane holds columns g and g + 8 at k 16j + 4t +
+ * {0..3}: nibble i is column g + 8 (i & 1) at k offset (i & 2) + (i >> 2). The mma's k
+ * order is a permutation of ours (its k 2t, 2t+1, 2t+8, 2t+9 are our 4t..4t+3, in A and B
+ * alike), so a lane's x fragment is 4 consecutive halves (one 8-byte load) and a lop3 on
+ * nibbles i and i + 4 gives an A register: 0x6400 | q is the fp16 1024 + q; the upper
+ * nibbles come out as 1024 + 16q and one fma brings them back. The units of a tile follow
+ * each other along k: a warp reads 512 contiguous bytes per tile and chunk.
+ *
+ * Scales and zeros: 8 bytes per (group, tile, g): s of columns g and g + 8, then -(1024 +
+ * z) of column g and -(64 + z) of column g + 8 in fp16, so one hadd2 / hfma2 yields q - z
+ * exactly. The mma multiplies q - z by x into float32 and the scale multiplies each
+ * group's float32 sum: the weights are never rounded (as in the CPU reference).
+ *
+ * A CTA of AWQ_KW warps takes AWQ_NT tiles and one K slice (blockIdx.y): its warps split
+ * the slice's chunks, each with AWQ_D chunks of loads in flight, and their sums meet in
+ * shared memory in warp order. blockIdx.z is the MoE expert. Rows go in passes of 8
+ * (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8 rows re-read
+ * their weights per pass (mostly from L2; at decode an expert rarely gets that many). A
+ * row's result depends only on its own x row (the mma's columns are independent, and the
+ * arithmetic is the same in both kinds of pass), never on the other rows or their number. */
+
+#define AWQ_TN 16
+#define AWQ_KC 64
+#define AWQ_NT 2
+#define AWQ_KW 4
+#define AWQ_D  4
+
+struct AwqArgs {
+        const uint4 *qw;
+        const __half2 *sz;
+        size_t qw_units, sz_units; /* per expert */
+        const uint32_t *off, *list; /* NULL: rows 0..rows of x are the rows of y */
+        uint32_t rows, x_div, ldx;
+        const __half *x;
+        float *y;
+        size_t slice_stride;
+        uint32_t K, N, gs, tiles, chunks, splits;
+};
+
+/* The A registers of one word; zlo = -(1024 + z) of column g, zhi = -(64 + z) of g + 8. */
+__device__ __forceinline__ void awq_a(uint32_t w, __half2 zlo, __half2 zhi, uint32_t *a)
+{
+        const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f);
+        a[0] = h2_as_u32(__hadd2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), zlo));
+        a[1] = h2_as_u32(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, zhi));
+        w >>= 8;
+        a[2] = h2_as_u32(__hadd2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), zlo));
+        a[3] = h2_as_u32(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, zhi));
+}
+
+__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint2 b)
+{
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+}
+
+/* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
+ * w1); HI has half the chunks in flight, for registers. G64: the group size is a multiple of the chunk, so one (scale, zero) per tile
+ * and chunk; else one per half chunk (32 k). */
+template <bool HI, bool G64>
+__device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
+        uint32_t tile0, uint32_t nts, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
+        float (*red)[AWQ_NT][8][32])
+{
+        constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        const __half *xr[H];
+        bool xv[H];
+#pragma unroll
+        for (int h = 0; h < H; h++) {
+                uint32_t i = p0 + g + 8 * h;
+                xv[h] = g + 8 * h < pr;
+                uint32_t row = !xv[h] ? 0 : a.list ? a.list[i] / a.x_div : i;
+                xr[h] = a.x + (size_t) row * a.ldx + 4 * t;
+        }
+        float c[AWQ_NT][H][4];
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < H; h++)
+                        c[j][h][0] = c[j][h][1] = c[j][h][2] = c[j][h][3] = 0.0f;
+        uint4 buf[D][AWQ_NT];
+        uint2 szb[D][AWQ_NT][Q];
+        uint2 xq[H][4], xn[H][4];
+
+        /* weights and scales of chunk ch into stage i; a half chunk beyond K gets zero
+         * scales (its x is zero too) */
+        auto load = [&](int i, uint32_t ch) {
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        if (j >= nts)
+                                break;
+                        buf[i][j] = ld_stream(qw + ((size_t) (tile0 + j) * a.chunks + ch) * 32 + lane);
+#pragma unroll
+                        for (int q = 0; q < Q; q++) {
+                                uint32_t k = ch * AWQ_KC + 32 * q;
+                                szb[i][j][q] = k < a.K ? ld_stream(sz + ((size_t) (k / a.gs) * a.tiles + tile0 + j) * 8 + g)
+                                                       : make_uint2(0, 0);
+                        }
+                }
+        };
+        auto load_x = [&](uint2 (*xd)[4], uint32_t ch) {
+#pragma unroll
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                                uint32_t k = ch * AWQ_KC + 16 * j;
+                                xd[h][j] = xv[h] && k < a.K ? __ldg((const uint2 *) (xr[h] + k))
+                                                            : make_uint2(0, 0);
+                        }
+        };
+        auto compute = [&](int i) {
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        if (j >= nts)
+                                break;
+                        const uint32_t wd[4] = {buf[i][j].x, buf[i][j].y, buf[i][j].z, buf[i][j].w};
+#pragma unroll
+                        for (int q = 0; q < Q; q++) {
+                                uint2 r = szb[i][j][q];
+                                __half2 zlo = __low2half2(u32_as_h2(r.y));
+                                __half2 zhi = __high2half2(u32_as_h2(r.y));
+                                float2 s = __half22float2(u32_as_h2(r.x));
+                                float tmp[H][4];
+#pragma unroll
+                                for (int h = 0; h < H; h++)
+                                        tmp[h][0] = tmp[h][1] = tmp[h][2] = tmp[h][3] = 0.0f;
+#pragma unroll
+                                for (int kk = 0; kk < 4 / Q; kk++) {
+                                        uint32_t A[4];
+                                        awq_a(wd[q * (4 / Q) + kk], zlo, zhi, A);
+#pragma unroll
+                                        for (int h = 0; h < H; h++)
+                                                mma16816(tmp[h], A, xq[h][q * (4 / Q) + kk]);
+                                }
+#pragma unroll
+                                for (int h = 0; h < H; h++) {
+                                        c[j][h][0] += s.x * tmp[h][0];
+                                        c[j][h][1] += s.x * tmp[h][1];
+                                        c[j][h][2] += s.y * tmp[h][2];
+                                        c[j][h][3] += s.y * tmp[h][3];
+                                }
+                        }
+                }
+        };
+
+        if (w0 < w1) {
+#pragma unroll
+                for (int i = 0; i < D; i++)
+                        if (w0 + i < w1)
+                                load(i, w0 + i);
+                load_x(xq, w0);
+        }
+        for (uint32_t base = w0; base < w1; base += D) {
+#pragma unroll
+                for (int i = 0; i < D; i++) {
+                        uint32_t ch = base + i;
+                        if (ch >= w1)
+                                break;
+                        if (ch + 1 < w1)
+                                load_x(xn, ch + 1);
+                        compute(i);
+                        if (ch + D < w1)
+                                load(i, ch + D);
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+                                        xq[h][j] = xn[h][j];
+                }
+        }
+
+        /* c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1 */
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                                red[warp][j][4 * h + r][lane] = c[j][h][r];
+        __syncthreads();
+        if (warp == 0) {
+                float *ys = a.y + blockIdx.y * a.slice_stride;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        if (j >= nts)
+                                break;
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+#pragma unroll
+                                for (int r = 0; r < 4; r++) {
+                                        float v = red[0][j][4 * h + r][lane];
+#pragma unroll
+                                        for (int w = 1; w < AWQ_KW; w++)
+                                                v += red[w][j][4 * h + r][lane];
+                                        uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
+                                        uint32_t i = 8 * h + 2 * t + r % 2;
+                                        if (col < a.N && i < pr) {
+                                                uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                                ys[(size_t) row * a.N + col] = v;
+                                        }
+                                }
+                }
+        }
+        __syncthreads(); /* red is reused by the next pass */
+}
+
+template <bool HI, bool G64>
+__global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
+{
+        __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        uint32_t e = blockIdx.z, r0 = 0, r1 = a.rows;
+        if (a.off) {
+                r0 = a.off[e];
+                r1 = a.off[e + 1];
+        }
+        uint32_t tile0 = blockIdx.x * AWQ_NT, nts = min((uint32_t) AWQ_NT, a.tiles - tile0);
+        uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
+        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
+        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        uint32_t w0 = c0 + (c1 - c0) * warp / AWQ_KW, w1 = c0 + (c1 - c0) * (warp + 1) / AWQ_KW;
+        const uint4 *qw = a.qw + e * a.qw_units;
+        const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
+        for (uint32_t p0 = r0; p0 < r1; p0 += HI ? 16 : 8)
+                awq_pass<HI, G64>(a, qw, sz, tile0, nts, w0, w1, p0, min(HI ? 16u : 8u, r1 - p0),
+                        red);
+}
+
+/* HI: passes of 16 rows, else of 8. */
+static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
+        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t rows,
+        uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y, size_t slice_stride)
+{
+        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, off, list, rows, x_div, ldx, x, y,
+                slice_stride, l->in, l->out, l->group_size, div_up(l->out, AWQ_TN),
+                div_up(l->in, AWQ_KC), l->splits};
+        dim3 grid(div_up(a.tiles, AWQ_NT), l->splits, n_mat);
+        bool g64 = l->group_size % AWQ_KC == 0;
+        auto k = hi ? (g64 ? k_gemv_awq<true, true> : k_gemv_awq<true, false>)
+                    : (g64 ? k_gemv_awq<false, true> : k_gemv_awq<false, false>);
+        k<<<grid, AWQ_KW * 32, 0, st>>>(a);
+}
+
+void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_experts, size_t qw_units,
+        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t x_div,
+        const __half *x, uint32_t ldx, float *y, size_t slice_stride)
+{
+        gemv_awq(st, l, n_experts, qw_units, sz_units, off, list, 0, x_div, false, x, ldx, y,
+                slice_stride);
+}
+
+void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,
+        size_t *sz_bytes)
+{
+        size_t tiles = div_up(out, AWQ_TN);
+        *qw_bytes = tiles * div_up(in, AWQ_KC) * 512;
+        *sz_bytes = (size_t) (in / group_size) * tiles * AWQ_TN * 4;
+}
+
+uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
+{
+        int per_sm = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_awq<false, true>,
+                    AWQ_KW * 32, 0) != cudaSuccess ||
+                per_sm < 1)
+                per_sm = 1;
+        uint32_t slots = (uint32_t) n_sm * (uint32_t) per_sm;
+        uint32_t ctas = matrices * div_up(div_up(n, AWQ_TN), AWQ_NT), chunks = div_up(k, AWQ_KC);
+        uint32_t best = 1;
+        double best_fill = 0;
+        /* The fewest slices whose CTAs fill the last wave of resident CTAs to 85%: fewer
+         * slices mean fewer partial sums to write and read back. Each warp keeps at least
+         * one chunk. */
+        for (uint32_t s = 1; s <= 8 && chunks >= s * AWQ_KW; s++) {
+                uint32_t n_ctas = ctas * s;
+                double fill = (double) n_ctas / ((double) div_up(n_ctas, slots) * slots);
+                if (fill >= 0.85)
+                        return s;
+                if (fill > best_fill) {
+                        best_fill = fill;
+                        best = s;
+                }
+        }
+        return best;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * FP16 GEMV for the dense linears */
+
+/* Dense FP16 weights (N, kp): a warp on 4 rows of w, lane l on row l%4 and 8 consecutive k
+ * per 16-byte load, for up to GEMV_ROWS rows of x. x is read 16 bytes at a time when vec
+ * (K % 8 == 0), else element by element; k >= K reads as 0 (the weights are zero there
+ * too). */
+#define DENSE_UNROLL 4
+
+template <int M, bool VEC>
+__global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w,
+        const __half *__restrict__ x, uint32_t ldx, float *__restrict__ y, size_t slice_stride,
+        uint32_t K, uint32_t kp, uint32_t N, uint32_t splits)
+{
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t g = blockIdx.x * 8 + warp;
+        if (4 * g >= N)
+                return;
+        uint32_t kc_n = kp / 8, s = blockIdx.y;
+        uint32_t c0 = (uint32_t) ((uint64_t) kc_n * s / splits);
+        uint32_t c1 = (uint32_t) ((uint64_t) kc_n * (s + 1) / splits);
+        uint32_t n = 4 * g + lane % 4;
+        bool live = n < N;
+        const uint4 *wp = (const uint4 *) (w + (size_t) (live ? n : 0) * kp);
+        float acc[M];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+                acc[m] = 0.0f;
+
+        for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * DENSE_UNROLL) {
+                uint4 wv[DENSE_UNROLL];
+#pragma unroll
+                for (int i = 0; i < DENSE_UNROLL; i++)
+                        if (base + 8 * i < c1)
+                                wv[i] = ld_stream(wp + base + 8 * i);
+#pragma unroll
+                for (int i = 0; i < DENSE_UNROLL; i++) {
+                        uint32_t kc = base + 8 * i;
+                        if (kc >= c1)
+                                break;
+                        float2 wf[4];
+                        const uint32_t *u = (const uint32_t *) &wv[i];
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                                wf[j] = __half22float2(u32_as_h2(u[j]));
+                        uint32_t k = kc * 8;
+#pragma unroll
+                        for (int m = 0; m < M; m++) {
+                                const __half *xr = x + (size_t) m * ldx + k;
+                                float2 xs[4];
+                                if (VEC) {
+                                        uint4 xv = __ldg((const uint4 *) xr);
+                                        const uint32_t *xu = (const uint32_t *) &xv;
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+                                                xs[j] = __half22float2(u32_as_h2(xu[j]));
+                                } else {
+#pragma unroll
+                                        for (int j = 0; j < 4; j++) {
+                                                xs[j].x = k + 2 * j < K ? __half2float(xr[2 * j]) : 0.0f;
+                                                xs[j].y = k + 2 * j + 1 < K ? __half2float(xr[2 * j + 1]) : 0.0f;
+                                        }
+                                }
+                                float p = 0.0f;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+                                        p += wf[j].x * xs[j].x + wf[j].y * xs[j].y;
+                                acc[m] += p;
+                        }
+                }
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+                float v = acc[m];
+                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                if (lane < 4 && live)
+                        y[s * slice_stride + (size_t) m * N + n] = v;
+        }
+}
+
+template <int M>
+static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        float *y, size_t slice_stride)
+{
+        dim3 grid(div_up(div_up(l->out, 4), 8), l->splits);
+        if (l->in % 8 == 0 && ldx % 8 == 0)
+                k_gemv_dense<M, true><<<grid, 256, 0, st>>>(
+                        l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
+        else
+                k_gemv_dense<M, false><<<grid, 256, 0, st>>>(
+                        l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
+}
+
+
+void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y, size_t slice_stride)
+{
+        if (l->awq) {
+                gemv_awq(st, l, 1, 0, 0, NULL, NULL, rows, 1, rows > 8, x, ldx, y, slice_stride);
+                return;
+        }
+        switch (rows) {
+        case 1: gemv_dense_rows<1>(st, l, x, ldx, y, slice_stride); break;
+        case 2: gemv_dense_rows<2>(st, l, x, ldx, y, slice_stride); break;
+        case 3: gemv_dense_rows<3>(st, l, x, ldx, y, slice_stride); break;
+        case 4: gemv_dense_rows<4>(st, l, x, ldx, y, slice_stride); break;
+        case 5: gemv_dense_rows<5>(st, l, x, ldx, y, slice_stride); break;
+        case 6: gemv_dense_rows<6>(st, l, x, ldx, y, slice_stride); break;
+        case 7: gemv_dense_rows<7>(st, l, x, ldx, y, slice_stride); break;
+        default: gemv_dense_rows<8>(st, l, x, ldx, y, slice_stride); break;
+        }
+}
+
+uint32_t cu_dense_splits(int n_sm, uint32_t n, uint32_t k)
+{
+        /* Enough warps for ~32 per SM, while each lane keeps four loads per slice; a dense
+         * warp takes 4 columns and 8 k per load. */
+        uint32_t warps = div_up(n, 4), s = div_up((uint32_t) n_sm * 32, warps);
+        uint32_t most = k / 8 / 32 > 1 ? k / 8 / 32 : 1;
+        if (s > most)
+                s = most;
+        return s < 16 ? s : 16;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Load-time repacking and the dequantization for the cuBLAS path */
+
+/* One thread per unit (tile, chunk, lane) of the tiles that hold the part's columns n_off
+ * .. n_off + n: it rewrites the nibbles of those columns (and, for the last part of the
+ * layer, of the padding columns up to the tile's end) and keeps the others, so the parts
+ * of a fused layer go in one after the other. k >= K and the padding are 0. */
+__global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off, uint32_t K,
+        uint32_t N, uint32_t chunks, uint32_t tile_lo, uint32_t n_tiles, uint4 *qw)
+{
+        size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        if (u >= (size_t) n_tiles * chunks * 32)
+                return;
+        uint32_t lane = u % 32, ch = (u / 32) % chunks, tile = tile_lo + (uint32_t) (u / 32 / chunks);
+        uint32_t g = lane / 4, t = lane % 4, words = n / 8, end = n_off + n;
+        size_t at = ((size_t) tile * chunks + ch) * 32 + lane;
+        uint4 v = qw[at];
+        uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+        for (uint32_t j = 0; j < 4; j++)
+                for (uint32_t i = 0; i < 8; i++) {
+                        uint32_t col = tile * AWQ_TN + g + 8 * (i & 1);
+                        if (col < n_off || (col >= end && end != N))
+                                continue;
+                        uint32_t k = ch * AWQ_KC + 16 * j + 4 * t + (i & 2) + (i >> 2), q = 0;
+                        if (col < end && k < K) {
+                                uint32_t c = col - n_off;
+                                q = (qweight[(size_t) k * words + c / 8] >> (4 * AWQ_REV[c % 8])) & 0xF;
+                        }
+                        wd[j] = (wd[j] & ~(0xFu << (4 * i))) | (q << (4 * i));
+                }
+        qw[at] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+}
+
+/* One thread per (group, column) of the part, plus the padding columns after the last
+ * part (scale 0, zero 0). */
+__global__ void k_awq_scales(const uint32_t *qzeros, const __half *scales, uint32_t n,
+        uint32_t n_off, uint32_t cols, uint32_t groups, uint32_t tiles, __half *sz)
+{
+        size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= (size_t) groups * cols)
+                return;
+        uint32_t gi = (uint32_t) (i / cols), c = (uint32_t) (i % cols), col = n_off + c;
+        __half s = __float2half(0.0f);
+        float z = 0.0f;
+        if (c < n) {
+                z = (float) ((qzeros[(size_t) gi * (n / 8) + c / 8] >> (4 * AWQ_REV[c % 8])) & 0xF);
+                s = scales[(size_t) gi * n + c];
+        }
+        uint32_t h = (col % AWQ_TN) / 8;
+        __half *rec = sz + (((size_t) gi * tiles + col / AWQ_TN) * 8 + col % 8) * 4;
+        rec[h] = s;
+        rec[2 + h] = __float2half(-(h ? 64.0f : 1024.0f) - z);
+}
+
+void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
+        const uint32_t *qzeros, const __half *scales, uint32_t n, uint32_t n_off)
+{
+        uint32_t tiles = div_up(l->out, AWQ_TN), chunks = div_up(l->in, AWQ_KC);
+        bool last = n_off + n == l->out;
+        uint32_t tile_lo = n_off / AWQ_TN, tile_hi = last ? tiles : div_up(n_off + n, AWQ_TN);
+        size_t units = (size_t) (tile_hi - tile_lo) * chunks * 32;
+        k_awq_repack<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
+                qweight, n, n_off, l->in, l->out, chunks, tile_lo, tile_hi - tile_lo, l->qw);
+        uint32_t cols = last ? tiles * AWQ_TN - n_off : n, groups = l->in / l->group_size;
+        size_t g = (size_t) groups * cols;
+        k_awq_scales<<<(unsigned) ((g + 255) / 256), 256, 0, st>>>(
+                qzeros, scales, n, n_off, cols, groups, tiles, (__half *) l->sz);
+}
+
+/* One thread per unit: its 32 weights (q - z) * s, 4 consecutive k of one column at a
+ * time, to w16 (N, K). */
+__global__ void k_awq_dequant(const uint4 *qw, const __half *sz, uint32_t K, uint32_t N,
+        uint32_t gs, uint32_t tiles, uint32_t chunks, __half *w16)
+{
+        size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        if (u >= (size_t) tiles * chunks * 32)
+                return;
+        uint32_t lane = u % 32, ch = (u / 32) % chunks, tile = (uint32_t) (u / 32 / chunks);
+        uint32_t g = lane / 4, t = lane % 4;
+        uint4 v = qw[u];
+        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+        for (uint32_t j = 0; j < 4; j++) {
+                uint32_t k = ch * AWQ_KC + 16 * j + 4 * t;
+                if (k >= K)
+                        break;
+                const __half *rec = sz + (((size_t) (k / gs) * tiles + tile) * 8 + g) * 4;
+                for (uint32_t h = 0; h < 2; h++) {
+                        uint32_t col = tile * AWQ_TN + g + 8 * h;
+                        if (col >= N)
+                                break;
+                        float s = __half2float(rec[h]);
+                        float z = -__half2float(rec[2 + h]) - (h ? 64.0f : 1024.0f);
+                        /* k offsets 0..3 are nibbles h, 4 + h, 2 + h, 6 + h */
+                        const uint32_t nib[4] = {h, 4 + h, 2 + h, 6 + h};
+                        __half2 o[2];
+                        float d[4];
+                        for (uint32_t m = 0; m < 4; m++)
+                                d[m] = ((float) ((wd[j] >> (4 * nib[m])) & 0xF) - z) * s;
+                        o[0] = __floats2half2_rn(d[0], d[1]);
+                        o[1] = __floats2half2_rn(d[2], d[3]);
+                        *(uint2 *) (w16 + (size_t) col * K + k) = make_uint2(h2_as_u32(o[0]), h2_as_u32(o[1]));
+                }
+        }
+}
+
+void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
+{
+        uint32_t tiles = div_up(l->out, AWQ_TN), chunks = div_up(l->in, AWQ_KC);
+        size_t units = (size_t) tiles * chunks * 32;
+        k_awq_dequant<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
+                l->qw, (const __half *) l->sz, l->in, l->out, l->group_size, tiles, chunks, w16);
+}
