@@ -238,9 +238,11 @@ extern const BackendOps backend_cpu_ops;
  * NULL when that backend is not available in this build or on this machine. */
 const BackendOps *backend_find(const char *name);
 
-/* The checks every backend makes of a model before load(): a known architecture and
- * dimensions that agree with each other. 0, or a negative code with a message. */
-int bk_config_check(const BkModel *m, DsError *err);
+/* The checks every backend makes of a model before load(): a known architecture,
+ * dimensions that agree with each other, and every tensor and linear layer the
+ * architecture needs present with its shape. 0, or a negative code with a message naming
+ * the layer and tensor. */
+int bk_model_check(const BkModel *m, DsError *err);
 
 /* Shared by every backend: one sampling decision from a row of float32 logits, computed
  * on the host in the CPU backend and mirrored on the device by the CUDA one. scratch

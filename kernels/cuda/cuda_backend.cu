@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* The CUDA backend: Llama and Qwen2 forward passes on one GPU, with the stage names of
- * kernels/cpu/cpu_backend.c so the two read side by side.
+/* The CUDA backend: Llama, Qwen2 and DeepSeek-V2/V3 (MLA + MoE) forward passes on one GPU,
+ * with the stage names of kernels/cpu/cpu_backend.c so the two read side by side.
  *
  * Weights go up once at load: AWQ linears repacked for the GEMV (cuda_kernels.cu), q|k|v
  * and gate|up fused, dense layers and the embedding as FP16, norms and biases as float32.
@@ -32,7 +32,7 @@ extern "C" {
 #include "cuda_backend.h"
 #include "half.h"
 }
-#include "cuda_kernels.cuh"
+#include "cuda_deepseek.cuh"
 
 /* Rows above which a linear goes through cuBLAS instead of the GEMV. */
 #define GEMV_MAX_ROWS 16
@@ -44,10 +44,25 @@ extern "C" {
 #define GRAPH_MAX   256u     /* largest decode batch replayed from a graph */
 #define N_BUCKETS   9        /* 1, 2, 4, ..., GRAPH_MAX */
 #define BLAS_WS     (32u << 20)
+/* kv_a_layernorm and q_a_layernorm: DeepSeek's modeling code fixes their epsilon. */
+#define MLA_NORM_EPS 1e-6f
 
+/* DeepSeek: qkv is q_proj | kv_a_proj_with_mqa, or q_a_proj | kv_a_proj_with_mqa with q
+ * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
+ * MoE layer lie one after another: e_gu and e_down describe expert 0, expert e being
+ * e * e_*_qw 16-byte units and e * e_*_sz scale pairs further; e_gu1 and e_down1 are the
+ * same weights with one K slice, for tiles above GEMV_MAX_ROWS. */
 typedef struct CuLayer {
         float *attn_norm, *mlp_norm;
         CuLinear qkv, o, gate_up, down;
+        CuLinear q_b;                /* q LoRA only */
+        float *q_a_norm, *kv_a_norm; /* MLA */
+        __half *wk, *wvt;            /* MLA: W_UK and W_UV, see cuda_deepseek.cuh */
+        CuLinear router;             /* MoE: mlp.gate, FP16; out 0 in a dense layer */
+        float *score_bias;           /* MoE: e_score_correction_bias or NULL */
+        CuLinear e_gu, e_down, e_gu1, e_down1;
+        size_t e_gu_qw, e_gu_sz, e_down_qw, e_down_sz;
+        CuLinear s_gu, s_down; /* shared experts, in 0 when none */
 } CuLayer;
 
 /* One row of a tile, as the host plans it. */
@@ -60,6 +75,7 @@ typedef struct Row {
 struct Backend {
         const BkModel *model;
         BkConfig cfg;
+        bool mla, moe;
         bool eager;
         bool fp16_copies; /* keep FP16 copies of AWQ weights for the cuBLAS path if they fit */
         int n_sm;
@@ -82,6 +98,13 @@ struct Backend {
         float2 *ml;
         __half *w16;
         int32_t *ids_d;
+        /* DeepSeek scratch, for TILE_ROWS rows (pairs: rows * top_k) */
+        float *qn;                /* (rows, H, P) */
+        __half *xq, *olat;        /* (rows, q_lora_rank), (rows, H, rank) */
+        float *epart, *edpart;    /* experts' gate|up and down partials, by pair */
+        __half *ehb;              /* (pairs, expert_dim) */
+        uint32_t *ridx, *eoff, *elist;
+        float *rw, *moe_y;        /* (pairs), (rows, hidden) */
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
         uint32_t *meta_d, *meta_h;
@@ -99,6 +122,7 @@ struct Backend {
         uint32_t block_tokens, n_blocks;
 
         cudaGraphExec_t graphs[N_BUCKETS];
+        CuRoute route; /* MoE */
 };
 
 static int cuda_fail(DsError *err, cudaError_t e, const char *what)
@@ -118,9 +142,33 @@ static uint32_t div_up(uint32_t a, uint32_t b)
         return (a + b - 1) / b;
 }
 
+static bool is_mla(const BkConfig *c)
+{
+        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
+}
+
+/* Numbers per position per layer in the K cache (MLA: the latent row, and no V cache). */
 static size_t kv_dim(const BkConfig *c)
 {
+        if (is_mla(c))
+                return (size_t) c->mla.kv_lora_rank + c->mla.qk_rope_dim;
         return (size_t) c->n_kv_heads * c->head_dim;
+}
+
+/* The width of the query scratch per row: q, or MLA's latent queries. */
+static size_t q_width(const BkConfig *c)
+{
+        if (is_mla(c))
+                return (size_t) c->n_heads * kv_dim(c);
+        return (size_t) c->n_heads * c->head_dim;
+}
+
+/* Every linear of a layer that linear() runs, for the loops over them. */
+static void layer_linears(CuLayer *L, CuLinear *out[8])
+{
+        CuLinear *all[8] = {&L->qkv, &L->o, &L->gate_up, &L->down, &L->q_b, &L->router, &L->s_gu,
+                &L->s_down};
+        memcpy(out, all, sizeof(all));
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -183,12 +231,17 @@ static void weights_free(Backend *b)
         if (b->layers)
                 for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
                         CuLayer *L = &b->layers[l];
-                        dfree(L->attn_norm);
-                        dfree(L->mlp_norm);
-                        linear_free(&L->qkv);
-                        linear_free(&L->o);
-                        linear_free(&L->gate_up);
-                        linear_free(&L->down);
+                        CuLinear *lins[8];
+                        layer_linears(L, lins);
+                        for (size_t i = 0; i < ELEMENTSOF(lins); i++)
+                                linear_free(lins[i]);
+                        /* the one-slice views share the experts' memory */
+                        linear_free(&L->e_gu);
+                        linear_free(&L->e_down);
+                        void *p[] = {L->attn_norm, L->mlp_norm, L->q_a_norm, L->kv_a_norm, L->wk,
+                                L->wvt, L->score_bias};
+                        for (size_t i = 0; i < ELEMENTSOF(p); i++)
+                                dfree(p[i]);
                 }
         free(b->layers);
         b->layers = NULL;
@@ -197,7 +250,8 @@ static void weights_free(Backend *b)
         dfree(b->final_norm);
         dfree(b->inv_freq);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
-                b->w16, b->ids_d, b->meta_d};
+                b->w16, b->ids_d, b->meta_d, b->qn, b->xq, b->olat, b->epart, b->edpart, b->ehb,
+                b->ridx, b->eoff, b->elist, b->rw, b->moe_y};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
@@ -211,6 +265,9 @@ static void weights_free(Backend *b)
         b->xn = b->att = b->hb = b->w16 = NULL;
         b->ml = NULL;
         b->ids_d = NULL;
+        b->qn = b->epart = b->edpart = b->rw = b->moe_y = NULL;
+        b->xq = b->olat = b->ehb = NULL;
+        b->ridx = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
         b->ids_h = NULL;
         b->row_h = b->sample_f = NULL;
@@ -298,6 +355,21 @@ static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uin
         return r;
 }
 
+/* Repacks AWQ parts[0..n_parts) (same input, outputs concatenated) into l's weight memory,
+ * already allocated for l->out columns. */
+static int awq_repack_parts(Backend *b, const BkLinear *const *parts, uint32_t n_parts,
+        const CuLinear *l, const char *what, DsError *err)
+{
+        uint32_t n_off = 0;
+        int r = 0;
+
+        for (uint32_t i = 0; i < n_parts && r == 0; i++) {
+                r = awq_repack_part(b, l, parts[i], n_off, what, err);
+                n_off += parts[i]->out;
+        }
+        return r;
+}
+
 /* Uploads parts[0..n_parts) (same input, outputs concatenated) as one device linear. */
 static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_parts,
         bool split, CuLinear *l, const char *what, DsError *err)
@@ -331,11 +403,7 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                 cu_awq_sizes(l->in, N, l->group_size, &qw_bytes, &sz_bytes);
                 DALLOC(l->qw, qw_bytes, what);
                 DALLOC(l->sz, sz_bytes, what);
-                uint32_t n_off = 0;
-                for (uint32_t i = 0; i < n_parts && r == 0; i++) {
-                        r = awq_repack_part(b, l, parts[i], n_off, what, err);
-                        n_off += parts[i]->out;
-                }
+                r = awq_repack_parts(b, parts, n_parts, l, what, err);
         } else {
                 l->kp = (p0->in + 7) / 8 * 8;
                 l->splits = split ? cu_dense_splits(b->n_sm, N, l->kp) : 1;
@@ -380,8 +448,8 @@ static int fp16_copies(Backend *b, DsError *err)
         size_t free_b, total_b, need = 0;
         CU_TRY(cudaMemGetInfo(&free_b, &total_b), "memory info");
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                const CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o,
-                        &b->layers[l].gate_up, &b->layers[l].down};
+                CuLinear *all[8];
+                layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         if (all[i]->awq)
                                 need += (size_t) all[i]->out * all[i]->in * 2;
@@ -389,8 +457,8 @@ static int fp16_copies(Backend *b, DsError *err)
         if (need > free_b / 2)
                 return 0;
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o, &b->layers[l].gate_up,
-                        &b->layers[l].down};
+                CuLinear *all[8];
+                layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         CuLinear *x = all[i];
                         if (!x->awq)
@@ -404,57 +472,62 @@ static int fp16_copies(Backend *b, DsError *err)
         return 0;
 }
 
+/* What the kernels hold, beyond what bk_model_check verifies. */
 static int model_check(const BkModel *m, DsError *err)
 {
         const BkConfig *c = &m->cfg;
-        uint32_t q_dim = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-        char what[64];
-        int r;
+        int r = bk_model_check(m, err);
 
-        r = bk_config_check(m, err);
-        if (r < 0)
-                return r;
-        if (c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3)
-                return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "the CUDA backend does not run DeepSeek MLA/MoE models yet");
-        if (!m->embed.data || !m->final_norm.data)
-                return ds_error(err, -DS_ERR_FORMAT, "embedding or final norm missing");
-        /* The attention kernel reads keys 16 bytes at a time (at most 32 lanes a key) and
-         * values 8 bytes at a time (at most 64 lanes a row). */
-        if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->hidden > 8192 ||
-                c->head_dim % 8 != 0 || c->head_dim > 2 * ATT_CHUNK)
-                return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "%u query heads per KV head, hidden %u or head_dim %u: not what the "
-                        "kernels hold",
-                        c->n_heads / c->n_kv_heads, c->hidden, c->head_dim);
-        r = cpu_linear_check(&m->lm_head, c->hidden, c->vocab_size, "lm_head", err);
         if (r < 0)
                 return r;
         if (m->lm_head.bias.data)
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "lm_head with a bias");
+        if (c->hidden > 8192)
+                return ds_error(err, -DS_ERR_UNSUPPORTED, "hidden %u: not what the kernels hold",
+                        c->hidden);
+        if (!is_mla(c)) {
+                /* The attention kernel reads keys 16 bytes at a time (at most 32 lanes a
+                 * key) and values 8 bytes at a time (at most 64 lanes a row). */
+                if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->head_dim % 8 != 0 ||
+                        c->head_dim > 2 * ATT_CHUNK)
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "%u query heads per KV head or head_dim %u: not what the "
+                                "kernels hold",
+                                c->n_heads / c->n_kv_heads, c->head_dim);
+                return 0;
+        }
+        const BkMlaConfig *a = &c->mla;
+        const BkMoeConfig *mc = &c->moe;
+        uint32_t W = a->kv_lora_rank + a->qk_rope_dim;
+        if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 8 != 0 || W > MLA_WIDTH_MAX ||
+                W % 8 != 0 || a->v_head_dim > 1024 || a->qk_nope_dim > 1024)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "MLA with kv_lora_rank %u, qk_rope_head_dim %u, v_head_dim %u: not what "
+                        "the kernels hold",
+                        a->kv_lora_rank, a->qk_rope_dim, a->v_head_dim);
+        if (mc->n_routed > 256 || mc->n_group > 32)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "%u routed experts in %u groups: the router holds at most 256 in 32",
+                        mc->n_routed, mc->n_group);
         for (uint32_t l = 0; l < c->n_layers; l++) {
-                const BkLayer *L = &m->layers[l];
-                const struct {
-                        const BkLinear *lin;
-                        const char *name;
-                        uint32_t in, out;
-                } lins[] = {
-                        {&L->q, "q_proj", c->hidden, q_dim},
-                        {&L->k, "k_proj", c->hidden, kvd},
-                        {&L->v, "v_proj", c->hidden, kvd},
-                        {&L->o, "o_proj", q_dim, c->hidden},
-                        {&L->gate, "gate_proj", c->hidden, c->intermediate},
-                        {&L->up, "up_proj", c->hidden, c->intermediate},
-                        {&L->down, "down_proj", c->intermediate, c->hidden},
-                };
-                for (size_t i = 0; i < ELEMENTSOF(lins); i++) {
-                        snprintf(what, sizeof(what), "layer %u %s", l, lins[i].name);
-                        r = cpu_linear_check(lins[i].lin, lins[i].in, lins[i].out, what, err);
-                        if (r < 0)
-                                return r;
+                const BkMoe *moe = &m->layers[l].moe;
+                for (uint32_t e = 0; moe->experts && e < mc->n_routed; e++) {
+                        const BkExpert *x = &moe->experts[e], *x0 = &moe->experts[0];
+                        const BkLinear *all[] = {&x->gate, &x->up, &x->down};
+                        for (size_t i = 0; i < ELEMENTSOF(all); i++)
+                                if (all[i]->kind != BK_LINEAR_AWQ || all[i]->bias.data ||
+                                        all[i]->group_size != (i < 2 ? x0->gate.group_size
+                                                                     : x0->down.group_size))
+                                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                                "layer %u expert %u: the expert kernels take AWQ "
+                                                "experts of one group size, without bias",
+                                                l, e);
                 }
-                if (!L->attn_norm.data || !L->mlp_norm.data)
-                        return ds_error(err, -DS_ERR_FORMAT, "layer %u: norm missing", l);
+                if (moe->experts && mc->n_shared && (moe->shared.gate.bias.data ||
+                                                             moe->shared.up.bias.data ||
+                                                             moe->shared.down.bias.data))
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "layer %u: shared experts with a bias", l);
         }
         return 0;
 }
@@ -465,31 +538,61 @@ static int scratch_alloc(Backend *b, DsError *err)
         size_t R = TILE_ROWS, q_dim = (size_t) c->n_heads * c->head_dim;
         size_t n_max = MAX((size_t) 2 * c->intermediate, q_dim + 2 * kv_dim(c));
         size_t k_max = MAX((size_t) MAX(c->hidden, c->intermediate), q_dim);
-        size_t w16 = 0, part = R * n_max;
+        size_t w16 = 0, part = R * n_max, inter = c->intermediate, att = q_dim;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
-                const CuLinear *all[] = {&b->layers[l].qkv, &b->layers[l].o,
-                        &b->layers[l].gate_up, &b->layers[l].down};
+                CuLinear *all[8];
+                layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         if (all[i]->awq)
                                 w16 = MAX(w16, (size_t) all[i]->out * all[i]->in);
                         part = MAX(part, (size_t) GEMV_MAX_ROWS * all[i]->splits * all[i]->out);
+                        part = MAX(part, R * all[i]->out);
+                        k_max = MAX(k_max, (size_t) all[i]->in);
                 }
+                inter = MAX(inter, (size_t) b->layers[l].s_gu.out / 2);
         }
         if (b->lm_head.awq)
                 w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
+        if (b->mla)
+                att = MAX(att, (size_t) c->n_heads * c->mla.v_head_dim);
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
         DALLOC(b->xn, R * k_max * 2, "normed rows");
-        DALLOC(b->q, R * q_dim * 4, "queries");
-        DALLOC(b->att, R * q_dim * 2, "attention output");
-        DALLOC(b->hb, R * c->intermediate * 2, "mlp activations");
+        DALLOC(b->q, R * q_width(c) * 4, "queries");
+        DALLOC(b->att, R * att * 2, "attention output");
+        DALLOC(b->hb, R * inter * 2, "mlp activations");
         DALLOC(b->part, part * 4, "partial sums");
-        DALLOC(b->acc, (size_t) TILE_ITEMS * q_dim * 4, "attention partials");
+        DALLOC(b->acc,
+                (size_t) TILE_ITEMS * c->n_heads * (b->mla ? c->mla.kv_lora_rank : c->head_dim) * 4,
+                "attention partials");
         DALLOC(b->ml, (size_t) TILE_ITEMS * c->n_heads * sizeof(float2), "attention maxima");
         DALLOC(b->logits, (size_t) TILE_OUT * c->vocab_size * 4, "logits");
         DALLOC(b->w16, w16 * 2, "dequantized weights");
         DALLOC(b->ids_d, TILE_OUT * 4, "ids");
+        if (b->mla) {
+                const BkMlaConfig *a = &c->mla;
+                DALLOC(b->qn, R * c->n_heads * a->qk_nope_dim * 4, "MLA q_nope");
+                DALLOC(b->xq, R * MAX(a->q_lora_rank, 1u) * 2, "MLA q LoRA");
+                DALLOC(b->olat, R * c->n_heads * a->kv_lora_rank * 2, "MLA latent outputs");
+        }
+        if (b->moe) {
+                const BkMoeConfig *mc = &c->moe;
+                size_t pairs = R * mc->top_k, gsl = 1, dsl = 1;
+                for (uint32_t l = 0; l < c->n_layers; l++) {
+                        gsl = MAX(gsl, (size_t) b->layers[l].e_gu.splits);
+                        dsl = MAX(dsl, (size_t) b->layers[l].e_down.splits);
+                }
+                size_t small = (size_t) GEMV_MAX_ROWS * mc->top_k;
+                DALLOC(b->epart, MAX(pairs, small * gsl) * 2 * mc->expert_dim * 4, "expert partials");
+                DALLOC(b->edpart, MAX(pairs, small * dsl) * c->hidden * 4, "expert partials");
+                DALLOC(b->ehb, pairs * mc->expert_dim * 2, "expert activations");
+                DALLOC(b->ridx, pairs * 4, "routing");
+                DALLOC(b->rw, pairs * 4, "routing weights");
+                DALLOC(b->elist, pairs * 4, "routing lists");
+                DALLOC(b->eoff, ((size_t) mc->n_routed + 1) * 4, "routing offsets");
+                DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
+        }
 
         /* meta: header, seven arrays of rows, then items and block tables */
         b->dyn_off = (4 + 7 * R + 3) / 4 * 4;
@@ -513,6 +616,140 @@ static int scratch_alloc(Backend *b, DsError *err)
         if (!b->row_h || !b->sample_f || !b->sample_i)
                 return ds_error(err, -ENOMEM, "cuda backend: out of memory for sampling");
         return 0;
+}
+
+/* kv_b_proj → W_UK and W_UV (cuda_deepseek.cuh), through an FP16 copy of the matrix. */
+static int upload_kvb(Backend *b, const BkLinear *kv_b, CuLayer *D, const char *what, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+        const BkMlaConfig *a = &c->mla;
+        uint32_t H = c->n_heads, P = a->qk_nope_dim, V = a->v_head_dim, rank = a->kv_lora_rank;
+        const BkLinear *parts[] = {kv_b};
+        CuLinear t;
+        __half *w16 = NULL;
+
+        int r = upload_linear(b, parts, 1, false, &t, what, err);
+        if (r == 0)
+                r = dalloc((void **) &w16, (size_t) t.out * t.in * 2, what, err);
+        if (r == 0 && t.awq)
+                cu_awq_dequant(b->st, &t, w16);
+        else if (r == 0 && cudaMemcpy2DAsync(w16, (size_t) t.in * 2, t.w, (size_t) t.kp * 2,
+                                   (size_t) t.in * 2, t.out, cudaMemcpyDeviceToDevice,
+                                   b->st) != cudaSuccess)
+                r = ds_error(err, -EIO, "cuda backend: %s: copying kv_b_proj", what);
+        if (r == 0)
+                r = dalloc((void **) &D->wk, (size_t) H * P * rank * 2, what, err);
+        if (r == 0)
+                r = dalloc((void **) &D->wvt, (size_t) H * rank * V * 2, what, err);
+        if (r == 0) {
+                cu_mla_split_kvb(b->st, w16, H, P, V, rank, D->wk, D->wvt);
+                cudaError_t e = cudaStreamSynchronize(b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, what);
+        }
+        dfree(w16);
+        linear_free(&t);
+        return r;
+}
+
+/* The routed experts of a MoE layer, one after another (see CuLayer), the router and the
+ * shared experts. */
+static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+        const BkMoeConfig *mc = &c->moe;
+        const BkExpert *x0 = &moe->experts[0];
+        uint32_t E = mc->n_routed, Dm = mc->expert_dim, hid = c->hidden;
+        size_t qb, zb;
+        int r;
+
+        BkLinear router = {};
+        router.kind = BK_LINEAR_DENSE;
+        router.in = hid;
+        router.out = E;
+        router.w = moe->router;
+        const BkLinear *rp[] = {&router};
+        if ((r = upload_linear(b, rp, 1, true, &D->router, what, err)) < 0)
+                return r;
+        if (moe->score_bias.data && (r = upload_f32(&moe->score_bias, E, &D->score_bias, what, err)) < 0)
+                return r;
+        if (mc->n_shared) {
+                const BkLinear *gu[] = {&moe->shared.gate, &moe->shared.up}, *dn[] = {&moe->shared.down};
+                if ((r = upload_linear(b, gu, 2, true, &D->s_gu, what, err)) < 0 ||
+                        (r = upload_linear(b, dn, 1, true, &D->s_down, what, err)) < 0)
+                        return r;
+        }
+
+        struct {
+                CuLinear *l;
+                size_t *qw, *sz;
+                uint32_t in, out, gs;
+        } mats[] = {
+                {&D->e_gu, &D->e_gu_qw, &D->e_gu_sz, hid, 2 * Dm, x0->gate.group_size},
+                {&D->e_down, &D->e_down_qw, &D->e_down_sz, Dm, hid, x0->down.group_size},
+        };
+        for (size_t i = 0; i < ELEMENTSOF(mats); i++) {
+                CuLinear *l = mats[i].l;
+                *l = (CuLinear){};
+                l->awq = true;
+                l->in = mats[i].in;
+                l->out = mats[i].out;
+                l->group_size = mats[i].gs;
+                if (l->in % 32 != 0 || l->group_size % 32 != 0)
+                        return ds_error(err, -DS_ERR_UNSUPPORTED,
+                                "cuda backend: %s: AWQ experts need in and group size multiples "
+                                "of 32",
+                                what);
+                cu_awq_sizes(l->in, l->out, l->group_size, &qb, &zb);
+                *mats[i].qw = qb / sizeof(uint4);
+                *mats[i].sz = zb / sizeof(__half2);
+                l->splits = cu_awq_splits(b->n_sm, l->out, l->in, mc->top_k);
+                DALLOC(l->qw, qb * E, what);
+                DALLOC(l->sz, zb * E, what);
+        }
+        for (uint32_t e = 0; e < E; e++) {
+                const BkExpert *x = &moe->experts[e];
+                const BkLinear *gu[] = {&x->gate, &x->up}, *dn[] = {&x->down};
+                CuLinear vg = D->e_gu, vd = D->e_down;
+                vg.qw += e * D->e_gu_qw;
+                vg.sz += e * D->e_gu_sz;
+                vd.qw += e * D->e_down_qw;
+                vd.sz += e * D->e_down_sz;
+                if ((r = awq_repack_parts(b, gu, 2, &vg, what, err)) < 0 ||
+                        (r = awq_repack_parts(b, dn, 1, &vd, what, err)) < 0)
+                        return r;
+        }
+        D->e_gu1 = D->e_gu;
+        D->e_gu1.splits = 1;
+        D->e_down1 = D->e_down;
+        D->e_down1.splits = 1;
+        return 0;
+}
+
+/* A DeepSeek layer: MLA projections, then the dense MLP or the MoE. */
+static int upload_deepseek_layer(Backend *b, const BkLayer *L, CuLayer *D, const char *what,
+        DsError *err)
+{
+        const BkMlaConfig *a = &b->cfg.mla;
+        const BkLinear *qkv[] = {a->q_lora_rank ? &L->mla.q_a : &L->q, &L->mla.kv_a};
+        const BkLinear *o[] = {&L->o}, *qb[] = {&L->mla.q_b};
+        int r;
+
+        if ((r = upload_linear(b, qkv, 2, true, &D->qkv, what, err)) < 0 ||
+                (r = upload_linear(b, o, 1, true, &D->o, what, err)) < 0 ||
+                (r = upload_f32(&L->mla.kv_a_norm, a->kv_lora_rank, &D->kv_a_norm, what, err)) < 0 ||
+                (r = upload_kvb(b, &L->mla.kv_b, D, what, err)) < 0)
+                return r;
+        if (a->q_lora_rank &&
+                ((r = upload_linear(b, qb, 1, true, &D->q_b, what, err)) < 0 ||
+                        (r = upload_f32(&L->mla.q_a_norm, a->q_lora_rank, &D->q_a_norm, what, err)) < 0))
+                return r;
+        if (L->moe.experts)
+                return upload_moe(b, &L->moe, D, what, err);
+        const BkLinear *gu[] = {&L->gate, &L->up}, *down[] = {&L->down};
+        if ((r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0)
+                return r;
+        return upload_linear(b, down, 1, true, &D->down, what, err);
 }
 
 static int weights_upload(Backend *b, const BkModel *m, DsError *err)
@@ -545,22 +782,30 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
 
                 snprintf(what, sizeof(what), "layer %u", l);
                 if ((r = upload_f32(&L->attn_norm, c->hidden, &D->attn_norm, what, err)) < 0 ||
-                        (r = upload_f32(&L->mlp_norm, c->hidden, &D->mlp_norm, what, err)) < 0 ||
-                        (r = upload_linear(b, qkv, 3, true, &D->qkv, what, err)) < 0 ||
+                        (r = upload_f32(&L->mlp_norm, c->hidden, &D->mlp_norm, what, err)) < 0)
+                        return r;
+                if (b->mla) {
+                        if ((r = upload_deepseek_layer(b, L, D, what, err)) < 0)
+                                return r;
+                        continue;
+                }
+                if ((r = upload_linear(b, qkv, 3, true, &D->qkv, what, err)) < 0 ||
                         (r = upload_linear(b, o, 1, true, &D->o, what, err)) < 0 ||
                         (r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0 ||
                         (r = upload_linear(b, down, 1, true, &D->down, what, err)) < 0)
                         return r;
         }
 
-        float *inv_freq = (float *) calloc(c->head_dim / 2, sizeof(float));
+        /* MLA ropes only the qk_rope_head_dim part */
+        uint32_t rd = b->mla ? c->mla.qk_rope_dim : c->head_dim;
+        float *inv_freq = (float *) calloc(rd / 2, sizeof(float));
         if (!inv_freq)
                 return ds_error(err, -ENOMEM, "cuda backend: out of memory");
-        r = cpu_rope_init(&c->rope, c->head_dim, inv_freq, &b->attention_factor, err);
+        r = cpu_rope_init(&c->rope, rd, inv_freq, &b->attention_factor, err);
         if (r == 0)
-                r = dalloc((void **) &b->inv_freq, c->head_dim / 2 * 4, "rope", err);
+                r = dalloc((void **) &b->inv_freq, rd / 2 * 4, "rope", err);
         if (r == 0) {
-                cudaError_t e = cudaMemcpy(b->inv_freq, inv_freq, c->head_dim / 2 * 4,
+                cudaError_t e = cudaMemcpy(b->inv_freq, inv_freq, rd / 2 * 4,
                         cudaMemcpyHostToDevice);
                 if (e != cudaSuccess)
                         r = cuda_fail(err, e, "rope");
@@ -606,14 +851,114 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
         return 1;
 }
 
+/* Grouped-query attention (Llama, Qwen2) of the rows from b->xn into b->att. */
+static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
+        uint32_t att_grid)
+{
+        const BkConfig *c = &b->cfg;
+        uint32_t hd = c->head_dim;
+        size_t layer_kv = (size_t) (b->n_blocks + 1) * b->block_tokens * kv_dim(c);
+        __half *kc = b->kc + l * layer_kv, *vc = b->vc + l * layer_kv;
+
+        /* q, k, v projections; rope on q and k, then k and v into the cache */
+        uint32_t s = linear(b, &L->qkv, b->xn, rows, b->part);
+        cu_rope_kv(b->st, b->part, s, (size_t) rows * L->qkv.out, L->qkv.bias, b->meta, rows,
+                b->inv_freq, b->attention_factor, c->n_heads, c->n_kv_heads, hd, b->q, kc, vc);
+
+        /* causal grouped-query attention over the cache */
+        cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
+                c->n_kv_heads, hd, b->acc, b->ml);
+        cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
+}
+
+/* Multi-head latent attention (DeepSeek) of the rows from b->xn into b->att, in the
+ * absorbed form; only the latent row reaches the cache. */
+static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
+        uint32_t att_grid)
+{
+        const BkConfig *c = &b->cfg;
+        const BkMlaConfig *a = &c->mla;
+        uint32_t H = c->n_heads, rank = a->kv_lora_rank, R = a->qk_rope_dim, N = L->qkv.out;
+        size_t layer_kv = (size_t) (b->n_blocks + 1) * b->block_tokens * kv_dim(c);
+        __half *cache = b->kc + l * layer_kv;
+
+        /* q_proj or q_a_proj, with kv_a_proj_with_mqa: [q | c_kv | k_pe] */
+        uint32_t s = linear(b, &L->qkv, b->xn, rows, b->part);
+        size_t stride = (size_t) rows * N;
+
+        /* kv_a_layernorm on c_kv and rope on k_pe, into the cache */
+        cu_mla_kv(b->st, b->part, s, stride, L->qkv.bias, N, N - (rank + R), b->meta, rows, rank,
+                R, L->kv_a_norm, MLA_NORM_EPS, b->inv_freq, b->attention_factor, cache);
+
+        /* q LoRA: q_a_layernorm, q_b_proj */
+        const float *qbias = L->qkv.bias;
+        uint32_t qld = N;
+        if (a->q_lora_rank) {
+                cu_mla_q_norm(b->st, b->part, s, stride, L->qkv.bias, N, a->q_lora_rank, rows,
+                        L->q_a_norm, MLA_NORM_EPS, b->xq);
+                s = linear(b, &L->q_b, b->xq, rows, b->part);
+                qld = L->q_b.out;
+                stride = (size_t) rows * qld;
+                qbias = L->q_b.bias;
+        }
+
+        /* q_nope aside, rope on q_pe; q_nope through W_UK into the latent space */
+        cu_mla_q(b->st, b->part, s, stride, qbias, qld, b->meta, rows, H, a->qk_nope_dim, R, rank,
+                b->inv_freq, b->attention_factor, b->qn, b->q);
+        cu_mla_absorb(b->st, b->qn, L->wk, rows, H, a->qk_nope_dim, rank, R, b->q);
+
+        /* causal attention over the latent cache, then each head's latent through W_UV */
+        cu_mla_attention(b->st, b->q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
+                a->softmax_scale, b->acc, b->ml);
+        cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
+        cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
+}
+
+/* The MoE MLP (DeepSeek) of the rows from b->xn into b->moe_y: the routed experts weighted,
+ * plus the shared experts. */
+static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
+{
+        const BkConfig *c = &b->cfg;
+        const BkMoeConfig *mc = &c->moe;
+        uint32_t K = mc->top_k, E = mc->n_routed, H = c->hidden, pairs = rows * K;
+        bool small = rows <= GEMV_MAX_ROWS;
+        const CuLinear *gu = small ? &L->e_gu : &L->e_gu1, *dn = small ? &L->e_down : &L->e_down1;
+        size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
+
+        /* router logits in float32, each row's experts and weights, pairs grouped by expert */
+        uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
+        cu_moe_route(b->st, b->part, s, (size_t) rows * E, L->score_bias, b->route, rows, b->ridx,
+                b->rw);
+        cu_moe_group(b->st, b->ridx, pairs, E, b->eoff, b->elist);
+
+        /* routed experts: gate|up of each pair, swiglu, down */
+        cu_gemv_experts(b->st, gu, E, L->e_gu_qw, L->e_gu_sz, b->eoff, b->elist, K, b->xn, H,
+                b->epart, gstride);
+        cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
+        cu_gemv_experts(b->st, dn, E, L->e_down_qw, L->e_down_sz, b->eoff, b->elist, 1, b->ehb,
+                mc->expert_dim, b->edpart, dstride);
+
+        /* shared experts on every row */
+        const float *shared = NULL;
+        uint32_t ss = 0;
+        if (L->s_gu.in) {
+                s = linear(b, &L->s_gu, b->xn, rows, b->part);
+                cu_swiglu(b->st, b->part, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
+                        L->s_gu.out / 2, b->hb);
+                ss = linear(b, &L->s_down, b->hb, rows, b->part);
+                shared = b->part;
+        }
+        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, shared, ss,
+                (size_t) rows * H, rows, H, b->moe_y);
+}
+
 /* Runs rows rows described by the metadata on the device through the model, leaving the
  * logits of the n_out rows of meta.out_row in b->logits and their argmax in b->ids_d.
  * att_grid: blocks along attention items. */
 static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid)
 {
         const BkConfig *c = &b->cfg;
-        uint32_t H = c->hidden, hd = c->head_dim;
-        size_t layer_kv = (size_t) (b->n_blocks + 1) * b->block_tokens * kv_dim(c);
+        uint32_t H = c->hidden;
         const float *prev = NULL, *prev_bias = NULL;
         uint32_t prev_s = 0, s;
 
@@ -622,34 +967,34 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];
-                __half *kc = b->kc + l * layer_kv, *vc = b->vc + l * layer_kv;
 
-                /* the previous layer's down projection into the residual, attention rmsnorm */
+                /* the previous layer's MLP output into the residual, attention rmsnorm */
                 cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, L->attn_norm,
                         b->xn, rows, H, c->rms_eps, NULL, true);
 
-                /* q, k, v projections; rope on q and k, then k and v into the cache */
-                s = linear(b, &L->qkv, b->xn, rows, b->part);
-                cu_rope_kv(b->st, b->part, s, (size_t) rows * L->qkv.out, L->qkv.bias, b->meta,
-                        rows, b->inv_freq, b->attention_factor, c->n_heads, c->n_kv_heads, hd,
-                        b->q, kc, vc);
-
-                /* causal grouped-query attention over the cache */
-                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
-                        c->n_kv_heads, hd, b->acc, b->ml);
-                cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
+                /* attention: latent (DeepSeek) or grouped-query, into b->att */
+                if (b->mla)
+                        attention_mla(b, L, l, rows, att_grid);
+                else
+                        attention_gqa(b, L, l, rows, att_grid);
 
                 /* output projection and residual, ffn rmsnorm */
                 s = linear(b, &L->o, b->att, rows, b->part);
                 cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, L->mlp_norm,
                         b->xn, rows, H, c->rms_eps, NULL, true);
 
-                /* swiglu: silu(gate) * up */
+                /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
+                 * add opens the next layer */
+                if (L->router.out) {
+                        mlp_moe(b, L, rows);
+                        prev = b->moe_y;
+                        prev_s = 1;
+                        prev_bias = NULL;
+                        continue;
+                }
                 s = linear(b, &L->gate_up, b->xn, rows, b->part);
                 cu_swiglu(b->st, b->part, s, (size_t) rows * L->gate_up.out, L->gate_up.bias, rows,
-                        c->intermediate, b->hb);
-
-                /* down projection; its residual add opens the next layer */
+                        L->gate_up.out / 2, b->hb);
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
                 prev = b->part;
                 prev_bias = L->down.bias;
@@ -989,6 +1334,13 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
         kv_free(b);
         weights_free(b);
         b->cfg = model->cfg;
+        b->mla = is_mla(&b->cfg);
+        b->moe = b->mla && b->cfg.moe.n_routed > 0;
+        const BkMoeConfig *mc = &b->cfg.moe;
+        b->route = (CuRoute){.n_routed = mc->n_routed, .top_k = mc->top_k, .n_group = mc->n_group,
+                .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
+                .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
+                .routed_scaling_factor = mc->routed_scaling_factor};
         r = weights_upload(b, model, err);
         if (r == 0)
                 r = scratch_alloc(b, err);
@@ -1008,7 +1360,7 @@ static uint64_t cuda_kv_bytes_per_token(const Backend *b)
 {
         if (!b || !b->model)
                 return 0;
-        return (uint64_t) b->cfg.n_layers * 2 * kv_dim(&b->cfg) * sizeof(__half);
+        return (uint64_t) b->cfg.n_layers * (b->mla ? 1 : 2) * kv_dim(&b->cfg) * sizeof(__half);
 }
 
 static int64_t cuda_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_bytes, DsError *err)
@@ -1027,10 +1379,10 @@ static int64_t cuda_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_byte
                         "cuda backend: %llu bytes hold no KV block of %u tokens (%llu bytes)",
                         (unsigned long long) mem_bytes, block_tokens,
                         (unsigned long long) block_bytes);
-        size_t half_bytes = (size_t) (n_blocks + 1) * block_bytes / 2;
-        int r = dalloc((void **) &b->kc, half_bytes, "K cache", err);
-        if (r == 0)
-                r = dalloc((void **) &b->vc, half_bytes, "V cache", err);
+        size_t k_bytes = (size_t) (n_blocks + 1) * block_bytes / (b->mla ? 1 : 2);
+        int r = dalloc((void **) &b->kc, k_bytes, b->mla ? "latent cache" : "K cache", err);
+        if (r == 0 && !b->mla)
+                r = dalloc((void **) &b->vc, k_bytes, "V cache", err);
         if (r < 0) {
                 kv_free(b);
                 return r;
@@ -1320,5 +1672,44 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
         dfree(listd);
         linear_free(&l);
         cuda_free(b);
+        return r;
+}
+
+extern "C" int cuda_test_moe_route(const BkMoeConfig *mc, const float *logits, const float *bias,
+        uint32_t rows, uint32_t *idx, float *w, DsError *err)
+{
+        CuRoute rt = {.n_routed = mc->n_routed, .top_k = mc->top_k, .n_group = mc->n_group,
+                .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
+                .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
+                .routed_scaling_factor = mc->routed_scaling_factor};
+        size_t nl = (size_t) rows * mc->n_routed, nk = (size_t) rows * mc->top_k;
+        float *ld = NULL, *bd = NULL, *wd = NULL;
+        uint32_t *id = NULL;
+        int r = dalloc((void **) &ld, nl * 4, "logits", err);
+        if (r == 0)
+                r = dalloc((void **) &bd, mc->n_routed * 4, "bias", err);
+        if (r == 0)
+                r = dalloc((void **) &wd, nk * 4, "weights", err);
+        if (r == 0)
+                r = dalloc((void **) &id, nk * 4, "ids", err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpy(ld, logits, nl * 4, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess && bias)
+                        e = cudaMemcpy(bd, bias, mc->n_routed * 4, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess) {
+                        cu_moe_route(0, ld, 1, nl, bias ? bd : NULL, rt, rows, id, wd);
+                        e = cudaDeviceSynchronize();
+                }
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(idx, id, nk * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(w, wd, nk * 4, cudaMemcpyDeviceToHost);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test routing");
+        }
+        dfree(ld);
+        dfree(bd);
+        dfree(wd);
+        dfree(id);
         return r;
 }

@@ -30,6 +30,11 @@ int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,
 int cuda_test_experts(const BkLinear *experts, uint32_t n_experts, const uint32_t *expert_of,
         uint32_t n_pairs, uint32_t x_div, bool reverse, const float *x, float *y, DsError *err);
 
+/* Test hook: the MoE router kernel on rows rows of float32 logits (rows, n_routed) with
+ * e_score_correction_bias or NULL: idx, w (rows, top_k) as cpu_moe_route returns them. */
+int cuda_test_moe_route(const BkMoeConfig *mc, const float *logits, const float *bias,
+        uint32_t rows, uint32_t *idx, float *w, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

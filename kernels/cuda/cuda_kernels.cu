@@ -467,6 +467,8 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
  * dimensions' partials (and l) in item order, eight loads in flight. */
 #define COMBINE_THREADS 128
 
+/* DPT: dimensions per thread, hd <= DPT * COMBINE_THREADS (4 for MLA's 512-wide latent). */
+template <int DPT>
 __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const float *acc,
         const float2 *ml, const uint2 *row_items, uint32_t n_heads, uint32_t hd, __half *out)
 {
@@ -485,8 +487,10 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
         for (uint32_t w = 0; w < COMBINE_THREADS / 32; w++)
                 m = fmaxf(m, red[w]);
 
-        const uint32_t DPT = 2; /* dimensions per thread: hd <= 2 * COMBINE_THREADS */
-        float a[DPT] = {0.0f, 0.0f}, l = 0.0f;
+        float a[DPT], l = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DPT; e++)
+                a[e] = 0.0f;
         for (uint32_t c0 = 0; c0 < ri.y; c0 += COMBINE_THREADS) {
                 uint32_t nc = min((uint32_t) COMBINE_THREADS, ri.y - c0);
                 __syncthreads(); /* the previous chunk's readers are done */
@@ -529,8 +533,8 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out)
 {
         dim3 grid(rows, n_heads);
-        k_attention_combine<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads,
-                head_dim, out);
+        auto k = head_dim <= 2 * COMBINE_THREADS ? k_attention_combine<2> : k_attention_combine<4>;
+        k<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads, head_dim, out);
 }
 
 /* ---------------------------------------------------------------------------------------

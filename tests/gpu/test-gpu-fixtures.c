@@ -12,6 +12,8 @@ static const char *const fixtures[] = {
         "fixtures/tiny-qwen2-awq",
         "fixtures/tiny-llama-awq",
         "fixtures/tiny-llama-awq-sharded",
+        "fixtures/tiny-deepseek-v2-awq",
+        "fixtures/tiny-deepseek-v3-awq",
 };
 
 static int32_t step(Backend *b, const int32_t *tokens, uint32_t n, uint32_t pos, float *logits)

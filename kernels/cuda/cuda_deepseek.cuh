@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: MIT */
+/* Kernels of the DeepSeek layers (cuda_mla.cu, cuda_moe.cu), driven by cuda_backend.cu.
+ *
+ * MLA decodes in the absorbed form (docs/kernels.md of shared/, §3): the cache holds per
+ * position one latent row [kv_a_layernorm(c_kv) | roped k_pe] of W = rank + R FP16 values;
+ * each head's q_nope goes through W_UK into the latent space, so attention is one shared
+ * W-wide key "head" and a rank-wide value "head" for all query heads; the attention's
+ * latent output goes through W_UV. W_UK and W_UV are kv_b_proj split at load, FP16:
+ *   wk  (H, P, rank)   wk[h][p][c] = kv_b.W[h (P + Vd) + p][c]
+ *   wvt (H, rank, Vd)  wvt[h][c][v] = kv_b.W[h (P + Vd) + P + v][c]
+ * Queries are float32 (rows, H, W): the latent query then the roped q_pe.
+ *
+ * MoE routes on the device (one warp a row, as cpu_moe_route decides), groups the
+ * (row, k) pairs by expert (cu_moe_group), runs the experts through cu_gemv_experts and
+ * sums the pairs' outputs with their weights plus the shared experts' in a fixed order. */
+#pragma once
+
+extern "C" {
+#include "backend.h"
+}
+#include "cuda_kernels.cuh"
+
+/* Query heads one MLA attention block holds; more heads take more blocks. */
+#define MLA_HEADS 16
+/* Widest latent row (rank + R) and latent (rank) the MLA kernels hold. */
+#define MLA_WIDTH_MAX 640
+#define MLA_RANK_MAX  512
+
+/* Sums the fused linear's partials (row stride ld) at columns col0 .. col0 + rank + R:
+ * writes rmsnorm(c_kv) * norm_w and the interleaved-roped k_pe as FP16 into the cache at
+ * each row's slot (cache rows of rank + R). */
+void cu_mla_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+        const float *bias, uint32_t ld, uint32_t col0, CuMeta meta, uint32_t rows, uint32_t rank,
+        uint32_t R, const float *norm_w, float eps, const float *inv_freq, float af,
+        __half *cache);
+
+/* xq (rows, n) FP16 = rmsnorm of the partials' columns 0 .. n (row stride ld) * norm_w: the
+ * q LoRA's q_a_layernorm. */
+void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+        const float *bias, uint32_t ld, uint32_t n, uint32_t rows, const float *norm_w,
+        float eps, __half *xq);
+
+/* From the partials' columns 0 .. H (P + R) (row stride ld): qn (rows, H, P) = q_nope and
+ * q (rows, H, rank + R) at rank .. = the interleaved-roped q_pe. */
+void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+        const float *bias, uint32_t ld, CuMeta meta, uint32_t rows, uint32_t H, uint32_t P,
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q);
+
+/* q (rows, H, rank + R) at 0 .. rank = qn (rows, H, P) · wk. */
+void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
+        uint32_t P, uint32_t rank, uint32_t R, float *q);
+
+/* Attention partials over the latent cache, one block per (work item, group of MLA_HEADS
+ * heads), items read from meta as cu_attention does: acc (item, H, rank), ml (item, H).
+ * cu_attention_combine with head_dim = rank merges them. */
+void cu_mla_attention(cudaStream_t st, const float *q, const __half *cache, CuMeta meta,
+        uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
+        float *acc, float2 *ml);
+
+/* out (rows, H, Vd) FP16 = o_lat (rows, H, rank) · wvt. */
+void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,
+        uint32_t H, uint32_t rank, uint32_t Vd, __half *out);
+
+/* Splits w16 = kv_b.W (H (P + Vd), rank) FP16 into wk and wvt (layouts above). */
+void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
+        uint32_t rank, __half *wk, __half *wvt);
+
+/* How a layer routes: BkMoeConfig's numbers, for the device. */
+typedef struct CuRoute {
+        uint32_t n_routed, top_k, n_group, topk_group;
+        int topk_method; /* BkTopkMethod */
+        int scoring;     /* BkScoring */
+        bool norm_topk_prob;
+        float routed_scaling_factor;
+} CuRoute;
+
+/* Each row's top_k experts in ascending id and their weights, from the router logits
+ * (partials, row stride n_routed) as cpu_moe_route decides: idx, w (rows, top_k). bias:
+ * e_score_correction_bias or NULL. */
+void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t slice_stride,
+        const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w);
+
+/* Groups the pairs p < n_pairs (p = row * top_k + k) by expert: off (n_experts + 1) and
+ * list (n_pairs), the layout cu_gemv_experts reads. The order within an expert is not
+ * fixed; nothing depends on it. */
+void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
+        uint32_t *off, uint32_t *list);
+
+/* y (rows, hidden) = sum over k of w[r][k] * (sum of the routed partials' slices of pair
+ * r * top_k + k), then plus the shared experts' partials (NULL when none), in that order. */
+void cu_moe_combine(cudaStream_t st, const float *routed, uint32_t r_splits, size_t r_stride,
+        const float *w, uint32_t top_k, const float *shared, uint32_t s_splits, size_t s_stride,
+        uint32_t rows, uint32_t hidden, float *y);

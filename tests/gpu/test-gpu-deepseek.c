@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT */
+/* DeepSeek MLA + MoE on the CUDA backend against the CPU backend, on random models of
+ * three kinds (V2 greedy softmax routing without q LoRA; V2 group-limited with two shared
+ * experts; V3 noaux_tc sigmoid routing with q LoRA and a score bias):
+ *  - the router kernel on 4096 random rows: the same experts as cpu_moe_route wherever
+ *    the k-th and (k+1)-th choice values are further apart than rounding (1e-5), weights
+ *    within 1e-5 relative;
+ *  - a chunked prefill of 300 tokens (latent items of several positions, experts with
+ *    more than 16 rows, the cuBLAS path) and decodes of three sequences, logits within
+ *    1e-2 relative error of the CPU's at every position;
+ *  - 16 greedy decode steps of 5 and of 20 sequences: graph replays give the ids eager
+ *    steps give. */
+#include "cpu_moe.h"
+#include "gpu_util.h"
+
+#define TOL    1e-2
+#define BLOCKS 256
+#define MARGIN 1e-5
+#define STEPS  16
+
+typedef struct DsShape {
+        BkArch arch;
+        uint32_t hidden, inter, layers, heads, vocab, gs;
+        uint32_t q_lora, rank, nope, rope, vd;
+        uint32_t experts, shared, top_k, expert_dim, n_group, topk_group;
+        BkTopkMethod method;
+        BkScoring scoring;
+        bool norm;
+        float scaling;
+} DsShape;
+
+static BkExpert rnd_expert(uint32_t hidden, uint32_t width, uint32_t gs)
+{
+        return (BkExpert){
+                .gate = rnd_linear(true, hidden, width, gs, false, BK_DT_F16),
+                .up = rnd_linear(true, hidden, width, gs, false, BK_DT_F16),
+                .down = rnd_linear(true, width, hidden, gs, false, BK_DT_F16),
+        };
+}
+
+static BkModel rnd_deepseek(const DsShape *s)
+{
+        BkModel m = {0};
+        BkConfig *c = &m.cfg;
+        uint32_t qk = s->nope + s->rope, q_dim = s->heads * qk;
+
+        *c = (BkConfig){
+                .arch = s->arch,
+                .hidden = s->hidden,
+                .intermediate = s->inter,
+                .n_layers = s->layers,
+                .n_heads = s->heads,
+                .n_kv_heads = s->heads,
+                .head_dim = qk,
+                .vocab_size = s->vocab,
+                .vocab_sample = s->vocab - 3,
+                .max_positions = 4096,
+                .rms_eps = 1e-6f,
+                .rope = {.type = BK_ROPE_YARN,
+                        .theta = 10000.0f,
+                        .factor = 40.0f,
+                        .original_max_pos = 512,
+                        .beta_fast = 32.0f,
+                        .beta_slow = 1.0f,
+                        .attention_factor = 1.2f},
+                .mla = {.q_lora_rank = s->q_lora,
+                        .kv_lora_rank = s->rank,
+                        .qk_nope_dim = s->nope,
+                        .qk_rope_dim = s->rope,
+                        .v_head_dim = s->vd,
+                        .softmax_scale = 1.3f / sqrtf((float) qk)},
+                .moe = {.n_routed = s->experts,
+                        .n_shared = s->shared,
+                        .top_k = s->top_k,
+                        .expert_dim = s->expert_dim,
+                        .first_dense = 1,
+                        .layer_freq = 1,
+                        .n_group = s->n_group,
+                        .topk_group = s->topk_group,
+                        .topk_method = s->method,
+                        .scoring = s->scoring,
+                        .norm_topk_prob = s->norm,
+                        .routed_scaling_factor = s->scaling},
+        };
+        m.embed = (BkTensor){BK_DT_F16, rnd_f16((size_t) s->vocab * s->hidden, -1.0f, 1.0f)};
+        m.final_norm = (BkTensor){BK_DT_F32, rnd_f32(s->hidden, 0.5f, 1.5f)};
+        m.lm_head = rnd_linear(false, s->hidden, s->vocab, 0, false, BK_DT_F16);
+        m.layers = (BkLayer *) rnd_alloc(s->layers * sizeof(BkLayer));
+        for (uint32_t l = 0; l < s->layers; l++) {
+                BkLayer *L = &m.layers[l];
+                uint32_t gs = s->gs;
+                L->attn_norm = (BkTensor){BK_DT_F16, rnd_f16(s->hidden, 0.5f, 1.5f)};
+                L->mlp_norm = (BkTensor){BK_DT_F32, rnd_f32(s->hidden, 0.5f, 1.5f)};
+                if (s->q_lora) {
+                        L->mla.q_a = rnd_linear(true, s->hidden, s->q_lora, gs, false, BK_DT_F16);
+                        L->mla.q_a_norm = (BkTensor){BK_DT_F32, rnd_f32(s->q_lora, 0.5f, 1.5f)};
+                        L->mla.q_b = rnd_linear(true, s->q_lora, q_dim, gs, false, BK_DT_F16);
+                } else
+                        L->q = rnd_linear(true, s->hidden, q_dim, gs, false, BK_DT_F16);
+                L->mla.kv_a = rnd_linear(true, s->hidden, s->rank + s->rope, gs, false, BK_DT_F16);
+                L->mla.kv_a_norm = (BkTensor){BK_DT_F16, rnd_f16(s->rank, 0.5f, 1.5f)};
+                L->mla.kv_b = rnd_linear(
+                        true, s->rank, s->heads * (s->nope + s->vd), gs, false, BK_DT_F16);
+                L->o = rnd_linear(true, s->heads * s->vd, s->hidden, gs, false, BK_DT_F16);
+                if (l == 0) {
+                        BkExpert d = rnd_expert(s->hidden, s->inter, gs);
+                        L->gate = d.gate;
+                        L->up = d.up;
+                        L->down = d.down;
+                        continue;
+                }
+                L->moe.experts = (BkExpert *) rnd_alloc(s->experts * sizeof(BkExpert));
+                for (uint32_t e = 0; e < s->experts; e++)
+                        L->moe.experts[e] = rnd_expert(s->hidden, s->expert_dim, gs);
+                /* routers wide enough that the choices differ from row to row */
+                L->moe.router = (BkTensor){
+                        BK_DT_F16, rnd_f16((size_t) s->experts * s->hidden, -0.3f, 0.3f)};
+                if (s->method == BK_TOPK_NOAUX_TC)
+                        L->moe.score_bias = (BkTensor){BK_DT_F32, rnd_f32(s->experts, -0.1f, 0.1f)};
+                if (s->shared)
+                        L->moe.shared = rnd_expert(s->hidden, s->shared * s->expert_dim, gs);
+        }
+        return m;
+}
+
+/* What ranks expert e in a row: softmax keeps the logits' order, sigmoid plus bias does not. */
+static float rank_key(const BkMoeConfig *mc, const float *lg, const float *bias, uint32_t e)
+{
+        if (mc->scoring == BK_SCORING_SOFTMAX)
+                return lg[e];
+        float v = 1.0f / (1.0f + expf(-lg[e]));
+        return mc->topk_method == BK_TOPK_NOAUX_TC && bias ? v + bias[e] : v;
+}
+
+/* The router kernel against cpu_moe_route on random logits. */
+static void check_routing(const BkMoeConfig *mc, const float *bias)
+{
+        DsError err = {0};
+        uint32_t rows = 4096, E = mc->n_routed, K = mc->top_k, skipped = 0;
+        float *lg = rnd_f32((size_t) rows * E, -4.0f, 4.0f);
+        uint32_t *gi = (uint32_t *) rnd_alloc((size_t) rows * K * 4);
+        float *gw = (float *) rnd_alloc((size_t) rows * K * 4);
+        float *scratch = (float *) rnd_alloc(cpu_moe_route_scratch(mc) * 4);
+        uint32_t ci[64];
+        float cw[64];
+
+        CHECK(K <= 64, "top_k %u", K);
+        BkTensor bt = {BK_DT_F32, bias};
+
+        CHECK(cuda_test_moe_route(mc, lg, bias, rows, gi, gw, &err) == 0, "%s", err.msg);
+        for (uint32_t r = 0; r < rows; r++) {
+                cpu_moe_route(mc, lg + (size_t) r * E, bt, scratch, ci, cw);
+                const uint32_t *g = gi + (size_t) r * K;
+                if (memcmp(ci, g, K * 4) != 0) {
+                        /* a different choice is allowed only between experts whose ranking
+                         * values (the logit, or sigmoid plus bias) are within rounding */
+                        for (uint32_t x = 0; x < K; x++)
+                                for (uint32_t y = 0; y < K; y++) {
+                                        bool cx_only = true, gy_only = true;
+                                        for (uint32_t z = 0; z < K; z++) {
+                                                cx_only = cx_only && g[z] != ci[x];
+                                                gy_only = gy_only && ci[z] != g[y];
+                                        }
+                                        if (!cx_only || !gy_only)
+                                                continue;
+                                        float kx = rank_key(mc, lg + (size_t) r * E, bias, ci[x]);
+                                        float ky = rank_key(mc, lg + (size_t) r * E, bias, g[y]);
+                                        CHECK(fabsf(kx - ky) < MARGIN,
+                                                "row %u: CPU expert %u, GPU expert %u, ranking "
+                                                "values %g and %g",
+                                                r, ci[x], g[y], kx, ky);
+                                }
+                        skipped++;
+                        continue;
+                }
+                for (uint32_t k = 0; k < K; k++) {
+                        float a = gw[(size_t) r * K + k];
+                        CHECK(fabsf(a - cw[k]) <= 1e-5f * fabsf(cw[k]) + 1e-7f,
+                                "row %u expert %u: weight %g, CPU %g", r, ci[k], a, cw[k]);
+                }
+        }
+        printf("routing method %d scoring %d: %u rows equal, %u near ties\n", (int) mc->topk_method,
+                (int) mc->scoring, rows - skipped, skipped);
+        CHECK(skipped < rows / 100, "%u near ties of %u rows", skipped, rows);
+        free(lg);
+        free(gi);
+        free(gw);
+        free(scratch);
+}
+
+static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
+{
+        DsError err = {0};
+        uint32_t V = m->cfg.vocab_size, n = 300;
+        static uint32_t blocks[3][64];
+        int32_t *tokens = (int32_t *) rnd_alloc(n * 4), ids[3];
+        float *a = (float *) rnd_alloc((size_t) n * V * 4),
+              *b = (float *) rnd_alloc((size_t) n * V * 4);
+        double worst = 0;
+
+        for (uint32_t s = 0; s < 3; s++)
+                for (uint32_t i = 0; i < 64; i++)
+                        blocks[s][i] = s * 64 + 63 - i;
+        for (uint32_t i = 0; i < n; i++)
+                tokens[i] = (int32_t) (rnd_u32() % V);
+
+        uint32_t cuts[] = {0, 1, 13, 18, n};
+        for (uint32_t c = 0; c + 1 < ELEMENTSOF(cuts); c++) {
+                BkSeq s = {.tokens = tokens + cuts[c],
+                        .n_tokens = cuts[c + 1] - cuts[c],
+                        .pos = cuts[c],
+                        .blocks = blocks[0],
+                        .n_blocks = 64,
+                        .sample = true,
+                        .sampling = {.repetition_penalty = 1},
+                        .logits = a};
+                CHECK(backend_cpu_ops.step(cpu, &s, 1, ids, &err) == 0, "%s", err.msg);
+                s.logits = b;
+                for (size_t i = 0; i < (size_t) s.n_tokens * V; i++)
+                        b[i] = NAN;
+                CHECK(backend_cuda_ops.step(gpu, &s, 1, ids, &err) == 0, "%s", err.msg);
+                double e = rel_err(b, a, (size_t) s.n_tokens * V);
+                CHECK(e < TOL, "prefill chunk %u (%u tokens): relative error %.3g", c, s.n_tokens,
+                        e);
+                worst = fmax(worst, e);
+        }
+
+        for (uint32_t s = 1; s < 3; s++) {
+                BkSeq q = {.tokens = tokens,
+                        .n_tokens = 40 * s,
+                        .pos = 0,
+                        .blocks = blocks[s],
+                        .n_blocks = 64,
+                        .sampling = {.repetition_penalty = 1}};
+                CHECK(backend_cpu_ops.step(cpu, &q, 1, ids, &err) == 0, "%s", err.msg);
+                CHECK(backend_cuda_ops.step(gpu, &q, 1, ids, &err) == 0, "%s", err.msg);
+        }
+        for (uint32_t t = 0; t < 4; t++) {
+                BkSeq d[3];
+                for (uint32_t s = 0; s < 3; s++)
+                        d[s] = (BkSeq){.tokens = &tokens[t * 3 + s],
+                                .n_tokens = 1,
+                                .pos = (s == 0 ? n : 40 * s) + t,
+                                .blocks = blocks[s],
+                                .n_blocks = 64,
+                                .sampling = {.repetition_penalty = 1},
+                                .logits = a + (size_t) s * V};
+                CHECK(backend_cpu_ops.step(cpu, d, 3, ids, &err) == 0, "%s", err.msg);
+                for (uint32_t s = 0; s < 3; s++) {
+                        d[s].logits = b + (size_t) s * V;
+                        for (uint32_t i = 0; i < V; i++)
+                                b[(size_t) s * V + i] = NAN;
+                }
+                CHECK(backend_cuda_ops.step(gpu, d, 3, ids, &err) == 0, "%s", err.msg);
+                double e = rel_err(b, a, (size_t) 3 * V);
+                CHECK(e < TOL, "decode step %u: relative error %.3g", t, e);
+                worst = fmax(worst, e);
+        }
+        free(tokens);
+        free(a);
+        free(b);
+        return worst;
+}
+
+static void greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
+{
+        DsError err = {0};
+        static uint32_t blocks[20][8];
+        int32_t cur[20], next[20];
+        BkSeq s[20];
+
+        for (uint32_t i = 0; i < n; i++) {
+                for (uint32_t k = 0; k < 8; k++)
+                        blocks[i][k] = i * 8 + k;
+                cur[i] = (int32_t) ((i * 37 + 11) % (V - 3));
+        }
+        for (uint32_t step = 0; step < STEPS; step++) {
+                for (uint32_t i = 0; i < n; i++)
+                        s[i] = (BkSeq){.tokens = &cur[i],
+                                .n_tokens = 1,
+                                .pos = step,
+                                .blocks = blocks[i],
+                                .n_blocks = 8,
+                                .sample = true,
+                                .sampling = {.repetition_penalty = 1}};
+                CHECK(backend_cuda_ops.step(b, s, n, next, &err) == 0, "%s", err.msg);
+                for (uint32_t i = 0; i < n; i++) {
+                        CHECK(next[i] >= 0 && next[i] < (int32_t) V - 3, "id %d", next[i]);
+                        cur[i] = next[i];
+                        out[step * n + i] = next[i];
+                }
+        }
+}
+
+int main(void)
+{
+        static const DsShape shapes[] = {
+                /* V2-Lite's proportions, small: no q LoRA, greedy softmax routing */
+                {BK_ARCH_DEEPSEEK_V2, 256, 512, 3, 4, 300, 64, 0, 256, 64, 32, 64, 16, 0, 3, 128, 1,
+                        1, BK_TOPK_GREEDY, BK_SCORING_SOFTMAX, false, 1.0f},
+                /* group-limited routing, two shared experts, 16 heads (one full head group) */
+                {BK_ARCH_DEEPSEEK_V2, 256, 384, 2, 16, 333, 128, 0, 512, 128, 64, 128, 8, 2, 2, 96,
+                        4, 2, BK_TOPK_GROUP_LIMITED_GREEDY, BK_SCORING_SOFTMAX, true, 1.5f},
+                /* V3: q LoRA, noaux_tc sigmoid routing with a score bias, 20 heads (two
+                 * head groups) */
+                {BK_ARCH_DEEPSEEK_V3, 256, 384, 2, 20, 300, 64, 192, 256, 64, 32, 64, 32, 1, 4, 64,
+                        8, 3, BK_TOPK_NOAUX_TC, BK_SCORING_SIGMOID, true, 2.5f},
+        };
+        double worst = 0;
+
+        gpu_require();
+        for (size_t i = 0; i < ELEMENTSOF(shapes); i++) {
+                BkModel m = rnd_deepseek(&shapes[i]);
+                check_routing(&m.cfg.moe, m.layers[1].moe.score_bias.data
+                                                  ? (const float *) m.layers[1].moe.score_bias.data
+                                                  : NULL);
+                Backend *cpu = backend_open(&backend_cpu_ops, &m, NULL, BLOCKS);
+                Backend *gpu = backend_open(&backend_cuda_ops, &m, NULL, BLOCKS);
+                CHECK(backend_cuda_ops.kv_bytes_per_token(gpu) ==
+                                (uint64_t) m.cfg.n_layers * (shapes[i].rank + shapes[i].rope) * 2,
+                        "KV bytes per token %llu",
+                        (unsigned long long) backend_cuda_ops.kv_bytes_per_token(gpu));
+                double e = compare_steps(&m, cpu, gpu);
+                printf("model %zu: logits relative error %.3g (tolerance %g)\n", i, e, TOL);
+                worst = fmax(worst, e);
+                backend_cpu_ops.free(cpu);
+
+                Backend *eager = backend_open(&backend_cuda_ops, &m, "eager", BLOCKS);
+                for (uint32_t n = 5; n <= 20; n += 15) {
+                        int32_t a[STEPS * 20], b[STEPS * 20];
+                        greedy(gpu, m.cfg.vocab_size, n, a);
+                        greedy(eager, m.cfg.vocab_size, n, b);
+                        for (uint32_t k = 0; k < STEPS * n; k++)
+                                CHECK(a[k] == b[k],
+                                        "model %zu batch %u: graph id %d, eager %d at step %u", i,
+                                        n, a[k], b[k], k / n);
+                        printf("model %zu batch %u: graph ids == eager ids (%u steps)\n", i, n,
+                                STEPS);
+                }
+                backend_cuda_ops.free(eager);
+                backend_cuda_ops.free(gpu);
+        }
+        printf("worst logits relative error %.3g\n", worst);
+        return 0;
+}
