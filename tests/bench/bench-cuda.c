@@ -2,8 +2,9 @@
 /* bench-cuda MODEL_DIR: the CUDA backend on one checkpoint (a `dsquant synth` shape):
  * load time, GPU memory, device copy bandwidth measured in the same run, prefill of 512
  * and 2048 tokens (TTFT at 2048), and decode tokens/s at batch 1, 8, 32, 64, 128 with
- * 512-token contexts. Times are wall-clock medians of whole step() calls after warm-up
- * (the graph of each bucket is captured during warm-up). Exits 77 without a device or
+ * 512-token contexts, and the bytes a batch-1 step reads (for MoE, of the experts it
+ * touches) against the copy bandwidth. Times are wall-clock medians of whole step() calls after
+ * warm-up (the graph of each bucket is captured during warm-up). Exits 77 without a device or
  * without a model directory.
  *
  * For profiling one phase at a time (nsys, ncu), DSD_BENCH_ONLY names what runs, e.g.
@@ -89,22 +90,50 @@ static double copy_bandwidth(void)
         return median(t, 10);
 }
 
-/* Bytes a batch-1 decode step reads: every weight once, plus the KV cache of ctx tokens. */
+static double linear_bytes(const BkLinear *x)
+{
+        if (x->kind == BK_LINEAR_AWQ)
+                return (double) x->in * x->out / 2 + (double) x->in / x->group_size * x->out * 4;
+        return (double) x->in * x->out * 2;
+}
+
+static double expert_bytes(const BkExpert *e)
+{
+        return linear_bytes(&e->gate) + linear_bytes(&e->up) + linear_bytes(&e->down);
+}
+
+/* Bytes a batch-1 decode step reads: every weight it uses once (in a MoE layer the router,
+ * top_k routed experts and the shared experts; MLA's kv_b_proj as the FP16 W_UK and W_UV),
+ * plus the KV cache of ctx tokens. */
 static double step_bytes(const BkModel *m, uint64_t kv_per_token, uint32_t ctx)
 {
         const BkConfig *c = &m->cfg;
+        bool mla = c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
         double bytes = (double) c->vocab_size * c->hidden * 2; /* fp16 lm_head */
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
-                const BkLinear *all[] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down};
-                for (size_t i = 0; i < ELEMENTSOF(all); i++) {
-                        const BkLinear *x = all[i];
-                        if (x->kind == BK_LINEAR_AWQ)
-                                bytes += (double) x->in * x->out / 2 +
-                                         (double) x->in / x->group_size * x->out * 4;
-                        else
-                                bytes += (double) x->in * x->out * 2;
+                bytes += linear_bytes(&L->o);
+                if (!mla) {
+                        const BkExpert mlp = {L->gate, L->up, L->down};
+                        bytes += linear_bytes(&L->q) + linear_bytes(&L->k) + linear_bytes(&L->v) +
+                                 expert_bytes(&mlp);
+                        continue;
                 }
+                const BkMlaConfig *a = &c->mla;
+                bytes += c->mla.q_lora_rank ? linear_bytes(&L->mla.q_a) + linear_bytes(&L->mla.q_b)
+                                            : linear_bytes(&L->q);
+                bytes += linear_bytes(&L->mla.kv_a) + (double) c->n_heads *
+                                                              (a->qk_nope_dim + a->v_head_dim) *
+                                                              a->kv_lora_rank * 2;
+                if (!L->moe.experts) {
+                        const BkExpert mlp = {L->gate, L->up, L->down};
+                        bytes += expert_bytes(&mlp);
+                        continue;
+                }
+                bytes += (double) c->moe.n_routed * c->hidden * 2 +
+                         c->moe.top_k * expert_bytes(&L->moe.experts[0]);
+                if (c->moe.n_shared)
+                        bytes += expert_bytes(&L->moe.shared);
         }
         return bytes + (double) kv_per_token * ctx;
 }
