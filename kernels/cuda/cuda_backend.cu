@@ -500,7 +500,8 @@ static int model_check(const BkModel *m, DsError *err)
         const BkMoeConfig *mc = &c->moe;
         uint32_t W = a->kv_lora_rank + a->qk_rope_dim;
         if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 8 != 0 || W > MLA_WIDTH_MAX ||
-                W % 8 != 0 || a->v_head_dim > 1024 || a->qk_nope_dim > 1024)
+                W % 8 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 2 != 0 ||
+                a->qk_nope_dim > 1024)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "MLA with kv_lora_rank %u, qk_rope_head_dim %u, v_head_dim %u: not what "
                         "the kernels hold",

@@ -140,83 +140,130 @@ void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_
                 inv_freq, af, qn, q);
 }
 
-/* Rows a block of the absorb and values kernels takes: each weight load serves them all. */
-#define MLA_RB 8
+/* The absorb and values kernels: a block takes MLA_RB rows (each weight load serves them
+ * all), one head and MLA_COLS output columns, lane l on columns 2l, 2l + 1; its warps split
+ * the reduction dimension into MLA_WARPS consecutive slices and add their sums in warp
+ * order through shared memory, so a row's result does not depend on the other rows. */
+#define MLA_RB    8
+#define MLA_COLS  64
+#define MLA_WARPS 16
 
-/* One block per (group of MLA_RB rows, head), thread t on latent columns 2t, 2t + 1. */
-__global__ void k_mla_absorb(const float *__restrict__ qn, const __half *__restrict__ wk,
-        uint32_t rows, uint32_t H, uint32_t P, uint32_t rank, uint32_t R, float *q)
+/* Adds the warps' (MLA_RB, MLA_COLS) partial sums in warp order; warp 0's lanes get them. */
+__device__ void mla_reduce(float2 (&acc)[MLA_RB], float2 *red)
 {
-        extern __shared__ float qs[]; /* (MLA_RB, P) */
-        uint32_t r0 = blockIdx.x * MLA_RB, h = blockIdx.y, nr = min((uint32_t) MLA_RB, rows - r0);
-        uint32_t c = 2 * threadIdx.x;
-
-        for (uint32_t i = threadIdx.x; i < nr * P; i += blockDim.x)
-                qs[i] = qn[((size_t) (r0 + i / P) * H + h) * P + i % P];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        if (warp > 0)
+                for (uint32_t j = 0; j < MLA_RB; j++)
+                        red[((warp - 1) * MLA_RB + j) * 32 + lane] = acc[j];
         __syncthreads();
-        if (c >= rank)
-                return;
+        if (warp == 0)
+                for (uint32_t w = 1; w < MLA_WARPS; w++)
+                        for (uint32_t j = 0; j < MLA_RB; j++) {
+                                float2 o = red[((w - 1) * MLA_RB + j) * 32 + lane];
+                                acc[j].x += o.x;
+                                acc[j].y += o.y;
+                        }
+}
+
+/* Blocks (rank / MLA_COLS, H, row groups). q_nope slice values come from the float32 qn. */
+__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_absorb(const float *__restrict__ qn,
+        const __half *__restrict__ wk, uint32_t rows, uint32_t H, uint32_t P, uint32_t rank,
+        uint32_t R, float *q)
+{
+        __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t c = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
+        uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
+        uint32_t p0 = (uint32_t) ((uint64_t) P * warp / MLA_WARPS);
+        uint32_t p1 = (uint32_t) ((uint64_t) P * (warp + 1) / MLA_WARPS);
+        bool live = c < rank;
         float2 acc[MLA_RB];
 #pragma unroll
         for (uint32_t j = 0; j < MLA_RB; j++)
                 acc[j] = make_float2(0.0f, 0.0f);
-        const __half2 *w = (const __half2 *) (wk + (size_t) h * P * rank + c);
-        for (uint32_t p = 0; p < P; p++) {
-                float2 wf = __half22float2(w[(size_t) p * rank / 2]);
+        const __half2 *w = (const __half2 *) (wk + (size_t) h * P * rank + (live ? c : 0));
+        for (uint32_t p = p0; p < p1; p += 4) {
+                float2 wf[4];
+#pragma unroll
+                for (uint32_t i = 0; i < 4; i++)
+                        wf[i] = p + i < p1 && live ? __half22float2(w[(size_t) (p + i) * rank / 2])
+                                                   : make_float2(0.0f, 0.0f);
 #pragma unroll
                 for (uint32_t j = 0; j < MLA_RB; j++) {
-                        float a = qs[j * P + p];
-                        acc[j].x += a * wf.x;
-                        acc[j].y += a * wf.y;
+                        if (j >= nr)
+                                break;
+                        const float *qr = qn + ((size_t) (r0 + j) * H + h) * P;
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; i++)
+                                if (p + i < p1) {
+                                        float a = __ldg(qr + p + i);
+                                        acc[j].x += a * wf[i].x;
+                                        acc[j].y += a * wf[i].y;
+                                }
                 }
         }
-        for (uint32_t j = 0; j < nr; j++)
-                *(float2 *) (q + ((size_t) (r0 + j) * H + h) * (rank + R) + c) = acc[j];
+        mla_reduce(acc, red);
+        if (warp == 0 && live)
+                for (uint32_t j = 0; j < nr; j++)
+                        *(float2 *) (q + ((size_t) (r0 + j) * H + h) * (rank + R) + c) = acc[j];
 }
 
 void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
         uint32_t P, uint32_t rank, uint32_t R, float *q)
 {
-        dim3 grid(div_up(rows, MLA_RB), H);
-        uint32_t threads = div_up(rank / 2, 32) * 32;
-        k_mla_absorb<<<grid, threads, MLA_RB * P * sizeof(float), st>>>(qn, wk, rows, H, P, rank,
-                R, q);
+        dim3 grid(div_up(rank, MLA_COLS), H, div_up(rows, MLA_RB));
+        k_mla_absorb<<<grid, MLA_WARPS * 32, 0, st>>>(qn, wk, rows, H, P, rank, R, q);
 }
 
-/* One block per (group of MLA_RB rows, head), thread v on output column v. */
-__global__ void k_mla_values(const __half *__restrict__ o_lat, const __half *__restrict__ wvt,
-        uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd, __half *out)
+/* Blocks (Vd / MLA_COLS, H, row groups): the latent columns are the reduction. */
+__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_values(const __half *__restrict__ o_lat,
+        const __half *__restrict__ wvt, uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd,
+        __half *out)
 {
-        extern __shared__ float os[]; /* (MLA_RB, rank) */
-        uint32_t r0 = blockIdx.x * MLA_RB, h = blockIdx.y, nr = min((uint32_t) MLA_RB, rows - r0);
-        uint32_t v = threadIdx.x;
-
-        for (uint32_t i = threadIdx.x; i < nr * rank; i += blockDim.x)
-                os[i] = __half2float(o_lat[((size_t) (r0 + i / rank) * H + h) * rank + i % rank]);
-        __syncthreads();
-        if (v >= Vd)
-                return;
-        float acc[MLA_RB];
+        __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t v = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
+        uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
+        uint32_t c0 = (uint32_t) ((uint64_t) rank * warp / MLA_WARPS);
+        uint32_t c1 = (uint32_t) ((uint64_t) rank * (warp + 1) / MLA_WARPS);
+        bool live = v < Vd;
+        float2 acc[MLA_RB];
 #pragma unroll
         for (uint32_t j = 0; j < MLA_RB; j++)
-                acc[j] = 0.0f;
-        const __half *w = wvt + (size_t) h * rank * Vd + v;
-        for (uint32_t c = 0; c < rank; c++) {
-                float wf = __half2float(w[(size_t) c * Vd]);
+                acc[j] = make_float2(0.0f, 0.0f);
+        const __half2 *w = (const __half2 *) (wvt + (size_t) h * rank * Vd + (live ? v : 0));
+        for (uint32_t c = c0; c < c1; c += 4) {
+                float2 wf[4];
 #pragma unroll
-                for (uint32_t j = 0; j < MLA_RB; j++)
-                        acc[j] += os[j * rank + c] * wf;
+                for (uint32_t i = 0; i < 4; i++)
+                        wf[i] = c + i < c1 && live ? __half22float2(w[(size_t) (c + i) * Vd / 2])
+                                                   : make_float2(0.0f, 0.0f);
+#pragma unroll
+                for (uint32_t j = 0; j < MLA_RB; j++) {
+                        if (j >= nr)
+                                break;
+                        const __half *orow = o_lat + ((size_t) (r0 + j) * H + h) * rank;
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; i++)
+                                if (c + i < c1) {
+                                        float a = __half2float(orow[c + i]);
+                                        acc[j].x += a * wf[i].x;
+                                        acc[j].y += a * wf[i].y;
+                                }
+                }
         }
-        for (uint32_t j = 0; j < nr; j++)
-                out[((size_t) (r0 + j) * H + h) * Vd + v] = __float2half(acc[j]);
+        mla_reduce(acc, red);
+        if (warp == 0 && live)
+                for (uint32_t j = 0; j < nr; j++)
+                        *(__half2 *) (out + ((size_t) (r0 + j) * H + h) * Vd + v) =
+                                __floats2half2_rn(acc[j].x, acc[j].y);
 }
 
 void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,
         uint32_t H, uint32_t rank, uint32_t Vd, __half *out)
 {
-        dim3 grid(div_up(rows, MLA_RB), H);
-        k_mla_values<<<grid, div_up(Vd, 32) * 32, MLA_RB * rank * sizeof(float), st>>>(o_lat, wvt,
-                rows, H, rank, Vd, out);
+        dim3 grid(div_up(Vd, MLA_COLS), H, div_up(rows, MLA_RB));
+        k_mla_values<<<grid, MLA_WARPS * 32, 0, st>>>(o_lat, wvt, rows, H, rank, Vd, out);
 }
 
 __global__ void k_mla_split_kvb(const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
