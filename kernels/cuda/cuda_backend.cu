@@ -51,7 +51,8 @@ extern "C" {
  * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
  * MoE layer lie one after another: e_gu and e_down describe expert 0, expert e being
  * e * e_*_qw 16-byte units and e * e_*_sz scale pairs further; e_gu1 and e_down1 are the
- * same weights with one K slice, for tiles above GEMV_MAX_ROWS. */
+ * same weights with one K slice, for tiles above GRAPH_MAX rows (their partial sums would
+ * not fit the scratch otherwise). */
 typedef struct CuLayer {
         float *attn_norm, *mlp_norm;
         CuLinear qkv, o, gate_up, down;
@@ -103,7 +104,7 @@ struct Backend {
         __half *xq, *olat;        /* (rows, q_lora_rank), (rows, H, rank) */
         float *epart, *edpart;    /* experts' gate|up and down partials, by pair */
         __half *ehb;              /* (pairs, expert_dim) */
-        uint32_t *ridx, *eoff, *elist;
+        uint32_t *ridx, *eids, *eoff, *elist;
         float *rw, *moe_y;        /* (pairs), (rows, hidden) */
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
@@ -251,7 +252,7 @@ static void weights_free(Backend *b)
         dfree(b->inv_freq);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->qn, b->xq, b->olat, b->epart, b->edpart, b->ehb,
-                b->ridx, b->eoff, b->elist, b->rw, b->moe_y};
+                b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
@@ -267,7 +268,7 @@ static void weights_free(Backend *b)
         b->ids_d = NULL;
         b->qn = b->epart = b->edpart = b->rw = b->moe_y = NULL;
         b->xq = b->olat = b->ehb = NULL;
-        b->ridx = b->eoff = b->elist = NULL;
+        b->ridx = b->eids = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
         b->ids_h = NULL;
         b->row_h = b->sample_f = NULL;
@@ -499,8 +500,8 @@ static int model_check(const BkModel *m, DsError *err)
         const BkMlaConfig *a = &c->mla;
         const BkMoeConfig *mc = &c->moe;
         uint32_t W = a->kv_lora_rank + a->qk_rope_dim;
-        if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 8 != 0 || W > MLA_WIDTH_MAX ||
-                W % 8 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 2 != 0 ||
+        if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 64 != 0 || W > MLA_WIDTH_MAX ||
+                W % 16 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 2 != 0 ||
                 a->qk_nope_dim > 1024)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "MLA with kv_lora_rank %u, qk_rope_head_dim %u, v_head_dim %u: not what "
@@ -584,7 +585,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                         gsl = MAX(gsl, (size_t) b->layers[l].e_gu.splits);
                         dsl = MAX(dsl, (size_t) b->layers[l].e_down.splits);
                 }
-                size_t small = (size_t) GEMV_MAX_ROWS * mc->top_k;
+                size_t small = (size_t) GRAPH_MAX * mc->top_k;
                 DALLOC(b->epart, MAX(pairs, small * gsl) * 2 * mc->expert_dim * 4, "expert partials");
                 DALLOC(b->edpart, MAX(pairs, small * dsl) * c->hidden * 4, "expert partials");
                 DALLOC(b->ehb, pairs * mc->expert_dim * 2, "expert activations");
@@ -592,6 +593,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->rw, pairs * 4, "routing weights");
                 DALLOC(b->elist, pairs * 4, "routing lists");
                 DALLOC(b->eoff, ((size_t) mc->n_routed + 1) * 4, "routing offsets");
+                DALLOC(b->eids, (size_t) mc->n_routed * 4, "routing slots");
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
         }
 
@@ -922,7 +924,7 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
         uint32_t K = mc->top_k, E = mc->n_routed, H = c->hidden, pairs = rows * K;
-        bool small = rows <= GEMV_MAX_ROWS;
+        bool small = rows <= GRAPH_MAX;
         const CuLinear *gu = small ? &L->e_gu : &L->e_gu1, *dn = small ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
@@ -930,14 +932,15 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
         cu_moe_route(b->st, b->part, s, (size_t) rows * E, L->score_bias, b->route, rows, b->ridx,
                 b->rw);
-        cu_moe_group(b->st, b->ridx, pairs, E, b->eoff, b->elist);
+        uint32_t slots = MIN(E, pairs);
+        cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
 
         /* routed experts: gate|up of each pair, swiglu, down */
-        cu_gemv_experts(b->st, gu, E, L->e_gu_qw, L->e_gu_sz, b->eoff, b->elist, K, b->xn, H,
-                b->epart, gstride);
+        cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff, b->elist, K,
+                b->xn, H, b->epart, gstride);
         cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
-        cu_gemv_experts(b->st, dn, E, L->e_down_qw, L->e_down_sz, b->eoff, b->elist, 1, b->ehb,
-                mc->expert_dim, b->edpart, dstride);
+        cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff, b->elist,
+                1, b->ehb, mc->expert_dim, b->edpart, dstride);
 
         /* shared experts on every row */
         const float *shared = NULL;
@@ -1645,7 +1648,7 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                         e = cudaMemsetAsync(yd, 0xff, y_floats * 4, b->st);
                 if (e == cudaSuccess) {
                         cu_to_half(b->st, xd, xh, x_rows * K);
-                        cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, offd, listd,
+                        cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL, offd, listd,
                                 x_div, xh, (uint32_t) K, yd, (size_t) n_pairs * N);
                         e = cudaGetLastError();
                 }

@@ -82,6 +82,7 @@ struct AwqArgs {
         const uint4 *qw;
         const __half2 *sz;
         size_t qw_units, sz_units; /* per expert */
+        const uint32_t *ids;        /* the expert of each blockIdx.z; NULL: blockIdx.z */
         const uint32_t *off, *list; /* NULL: rows 0..rows of x are the rows of y */
         uint32_t rows, x_div, ldx;
         const __half *x;
@@ -264,10 +265,10 @@ template <bool HI, bool G64>
 __global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
 {
         __shared__ float red[AWQ_KW][AWQ_NT][8][32];
-        uint32_t e = blockIdx.z, r0 = 0, r1 = a.rows;
+        uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z, r0 = 0, r1 = a.rows;
         if (a.off) {
-                r0 = a.off[e];
-                r1 = a.off[e + 1];
+                r0 = a.off[blockIdx.z];
+                r1 = a.off[blockIdx.z + 1];
         }
         uint32_t tile0 = blockIdx.x * AWQ_NT, nts = min((uint32_t) AWQ_NT, a.tiles - tile0);
         uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
@@ -283,10 +284,11 @@ __global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
 
 /* HI: passes of 16 rows, else of 8. */
 static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
-        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t rows,
-        uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y, size_t slice_stride)
+        size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
+        uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
+        size_t slice_stride)
 {
-        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, off, list, rows, x_div, ldx, x, y,
+        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, l->group_size, div_up(l->out, AWQ_TN),
                 div_up(l->in, AWQ_KC), l->splits};
         dim3 grid(div_up(a.tiles, AWQ_NT), l->splits, n_mat);
@@ -296,11 +298,11 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         k<<<grid, AWQ_KW * 32, 0, st>>>(a);
 }
 
-void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_experts, size_t qw_units,
-        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t x_div,
-        const __half *x, uint32_t ldx, float *y, size_t slice_stride)
+void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
+        size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
+        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride)
 {
-        gemv_awq(st, l, n_experts, qw_units, sz_units, off, list, 0, x_div, false, x, ldx, y,
+        gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false, x, ldx, y,
                 slice_stride);
 }
 
@@ -439,7 +441,8 @@ void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, 
         float *y, size_t slice_stride)
 {
         if (l->awq) {
-                gemv_awq(st, l, 1, 0, 0, NULL, NULL, rows, 1, rows > 8, x, ldx, y, slice_stride);
+                gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, y,
+                        slice_stride);
                 return;
         }
         switch (rows) {

@@ -462,13 +462,12 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
                 block_tokens, n_heads, n_kv_heads, head_dim, kl, vl, scale, acc, ml);
 }
 
-/* One block per (row, head): the items' maxima give m, then in chunks of the block's size
- * each item's weight exp(m_i - m) goes to shared memory and every thread adds its
- * dimensions' partials (and l) in item order, eight loads in flight. */
+/* One block per (row, head, COMBINE_THREADS dimensions): the items' maxima give m, then in
+ * chunks of the block's size each item's weight exp(m_i - m) goes to shared memory and
+ * every thread adds its dimension's partials (and l) in item order, eight loads in
+ * flight. */
 #define COMBINE_THREADS 128
 
-/* DPT: dimensions per thread, hd <= DPT * COMBINE_THREADS (4 for MLA's 512-wide latent). */
-template <int DPT>
 __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const float *acc,
         const float2 *ml, const uint2 *row_items, uint32_t n_heads, uint32_t hd, __half *out)
 {
@@ -487,10 +486,8 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
         for (uint32_t w = 0; w < COMBINE_THREADS / 32; w++)
                 m = fmaxf(m, red[w]);
 
-        float a[DPT], l = 0.0f;
-#pragma unroll
-        for (int e = 0; e < DPT; e++)
-                a[e] = 0.0f;
+        float a = 0.0f, l = 0.0f;
+        uint32_t d = blockIdx.z * COMBINE_THREADS + t;
         for (uint32_t c0 = 0; c0 < ri.y; c0 += COMBINE_THREADS) {
                 uint32_t nc = min((uint32_t) COMBINE_THREADS, ri.y - c0);
                 __syncthreads(); /* the previous chunk's readers are done */
@@ -502,39 +499,31 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
                 __syncthreads();
                 for (uint32_t i = 0; i < nc; i++)
                         l += l_s[i];
+                if (d >= hd)
+                        continue;
+                const float *ap = acc + ((size_t) (ri.x + c0) * n_heads + h) * hd + d;
+                size_t stride = (size_t) n_heads * hd;
+                for (uint32_t i = 0; i < nc; i += 8) {
+                        float v[8];
 #pragma unroll
-                for (uint32_t e = 0; e < DPT; e++) {
-                        uint32_t d = t + e * COMBINE_THREADS;
-                        if (d >= hd)
-                                break;
-                        const float *ap = acc + ((size_t) (ri.x + c0) * n_heads + h) * hd + d;
-                        size_t stride = (size_t) n_heads * hd;
-                        for (uint32_t i = 0; i < nc; i += 8) {
-                                float v[8];
+                        for (uint32_t j = 0; j < 8; j++)
+                                v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
 #pragma unroll
-                                for (uint32_t j = 0; j < 8; j++)
-                                        v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
-#pragma unroll
-                                for (uint32_t j = 0; j < 8; j++)
-                                        if (i + j < nc)
-                                                a[e] += w_s[i + j] * v[j];
-                        }
+                        for (uint32_t j = 0; j < 8; j++)
+                                if (i + j < nc)
+                                        a += w_s[i + j] * v[j];
                 }
         }
-#pragma unroll
-        for (uint32_t e = 0; e < DPT; e++) {
-                uint32_t d = t + e * COMBINE_THREADS;
-                if (d < hd)
-                        out[((size_t) r * n_heads + h) * hd + d] = __float2half(a[e] / l);
-        }
+        if (d < hd)
+                out[((size_t) r * n_heads + h) * hd + d] = __float2half(a / l);
 }
 
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out)
 {
-        dim3 grid(rows, n_heads);
-        auto k = head_dim <= 2 * COMBINE_THREADS ? k_attention_combine<2> : k_attention_combine<4>;
-        k<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads, head_dim, out);
+        dim3 grid(rows, n_heads, div_up(head_dim, COMBINE_THREADS));
+        k_attention_combine<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads,
+                head_dim, out);
 }
 
 /* ---------------------------------------------------------------------------------------

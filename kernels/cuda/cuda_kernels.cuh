@@ -98,18 +98,20 @@ void cu_argmax(cudaStream_t st, const float *logits, uint32_t rows, uint32_t ld,
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride);
 
-/* MoE: n_experts matrices of one shape. l describes expert 0 (in, out, group_size, splits,
- * qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4 units) and
- * l->sz + e*sz_units (__half2 units). off (device, n_experts+1 entries) and list (device):
- * expert e's rows are list[off[e] .. off[e+1]); an entry p is a "pair" index: its input is
- * row p / x_div of x (row stride ldx, a multiple of 4, FP16) and its output is row p of
- * each slice of y (slice s at y + s*slice_stride, row stride l->out, float32). Any number
- * of rows per expert (passes of 8); experts without rows cost an empty block. The grid
- * does not depend on the routing (the launch can be captured in CUDA graphs), and row p's
- * result does not depend on which other rows share its expert. */
-void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_experts, size_t qw_units,
-        size_t sz_units, const uint32_t *off, const uint32_t *list, uint32_t x_div,
-        const __half *x, uint32_t ldx, float *y, size_t slice_stride);
+/* MoE: matrices of one shape, one per expert. l describes expert 0 (in, out, group_size,
+ * splits, qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4
+ * units) and l->sz + e*sz_units (__half2 units). The launch has n_slots slots; slot z runs
+ * expert ids[z] (z itself when ids is NULL) on the rows list[off[z] .. off[z+1]) (off: n_slots
+ * + 1 entries; all three on the device). An entry p is a "pair" index: its input is row p /
+ * x_div of x (row stride ldx, a multiple of 4, FP16) and its output is row p of each slice
+ * of y (slice s at y + s*slice_stride, row stride l->out, float32). Any number of rows per
+ * slot (passes of 8); a slot without rows costs empty blocks, so callers compact the
+ * touched experts into the first slots (cu_moe_group). The grid depends on n_slots only
+ * (the launch can be captured in CUDA graphs), and row p's result does not depend on which
+ * other rows share its expert. */
+void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
+        size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
+        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride);
 
 /* Bytes of the repacked weight units and of the (scale, zero) pairs of one AWQ matrix. */
 void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,

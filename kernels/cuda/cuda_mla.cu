@@ -288,29 +288,55 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
 }
 
 /* ---------------------------------------------------------------------------------------
- * Attention over the latent cache
+ * Attention over the latent cache, on tensor cores
  *
- * One block of MLA_THREADS per (work item, head group): the group's queries (float32) in
- * shared memory; warp w scores positions w, w + 8, ... reading each latent row once for
- * all the group's heads (lane l on 16-byte units l, l + 32, ...); one warp per head turns
- * the scores into softmax numerators; then thread t sums latent columns 2t, 2t + 1 over the
- * item's positions for every head, eight rows in flight. */
-#define MLA_THREADS 256
+ * One block of MLA_THREADS (4 warps) per (work item, group of MLA_HEADS heads): the 16
+ * heads are the M of mma.m16n8k16 (FlashMLA's observation: absorbed MLA decode is a
+ * 16-row GEMM against the shared latent rows). The group's queries go to shared memory as
+ * FP16; the item's positions go through in chunks of MLA_CHUNK latent rows staged in
+ * shared memory with 16-byte loads. Per chunk: S = Q·Kᵀ over the W = rank + R dimensions
+ * (warp w on positions 8w..8w+8), the online softmax per head in float32 (running max and
+ * sum, the chunk's P as FP16), then O += P·V over the first rank dimensions (warp w on
+ * dimensions w·rank/4 .. (w+1)·rank/4, V's fragments by ldmatrix.trans). O, m and l are
+ * float32; the result is the same partial (acc, ml) the combine kernel merges. Everything
+ * depends on the item only, so a row's output does not depend on the batch. */
+#define MLA_THREADS 128
+#define MLA_CHUNK   32
+#define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
+
+__device__ __forceinline__ void mla_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t lds32(const __half *p)
+{
+        return *(const uint32_t *) p;
+}
 
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__restrict__ q,
         const __half *__restrict__ cache, const uint32_t *meta, const uint32_t *row_bt,
         uint32_t bt_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *__restrict__ acc_out, float2 *__restrict__ ml_out)
 {
-        extern __shared__ float4 sh4[];
-        uint32_t W = rank + R, h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
-        float *q_s = (float *) sh4;                           /* (hg, W) */
-        float *p_s = q_s + MLA_HEADS * W;                     /* (hg, ATT_CHUNK) */
-        uint32_t *slot_s = (uint32_t *) (p_s + MLA_HEADS * ATT_CHUNK); /* (ATT_CHUNK) */
-        float *ml_s = (float *) (slot_s + ATT_CHUNK);         /* (hg, 2) */
+        extern __shared__ uint4 smem[];
+        uint32_t W = rank + R, WS = W + 8; /* row stride of q_h and kv_s, in halves */
+        uint32_t h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
+        __half *q_h = (__half *) smem;                          /* (16, WS) */
+        __half *kv_s = q_h + MLA_HEADS * WS;                    /* (MLA_CHUNK, WS) */
+        float *p_s = (float *) (kv_s + MLA_CHUNK * WS);         /* (16, MLA_CHUNK) */
+        __half *p_h = (__half *) (p_s + MLA_HEADS * MLA_CHUNK); /* (16, MLA_CHUNK + 8) */
+        uint32_t *slot_s = (uint32_t *) (p_h + MLA_HEADS * (MLA_CHUNK + 8)); /* (ATT_CHUNK) */
+        float *m_s = (float *) (slot_s + ATT_CHUNK);            /* (16) running max */
+        float *l_s = m_s + MLA_HEADS;                           /* (16) running sum */
+        float *f_s = l_s + MLA_HEADS;                           /* (16) rescale factor */
         uint32_t n_items = meta[0];
         const int4 *items = (const int4 *) (meta + meta[1]);
-        uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32, units = W / 8;
+        uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
+        uint32_t nt = rank / 32, d0 = warp * (rank / 4), units = W / 8;
 
         for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
                 int4 item = items[it]; /* row, first position, end position */
@@ -318,139 +344,161 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
                 uint32_t n = (uint32_t) (item.z - item.y);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                {
-                        const float4 *q4 = (const float4 *) (q + ((size_t) row * H + h0) * W);
-                        for (uint32_t i = t; i < hg * W / 4; i += MLA_THREADS)
-                                sh4[i] = q4[i];
+                for (uint32_t i = t; i < MLA_HEADS * W; i += MLA_THREADS) {
+                        uint32_t h = i / W, d = i % W;
+                        q_h[h * WS + d] = __float2half(
+                                h < hg ? q[((size_t) row * H + h0 + h) * W + d] : 0.0f);
                 }
-                if (t < n) {
-                        uint32_t p = t0 + t;
+                for (uint32_t i = t; i < n; i += MLA_THREADS) {
+                        uint32_t p = t0 + i;
                         uint32_t block = meta[row_bt[row] + p / bt_tokens];
-                        slot_s[t] = block * bt_tokens + p % bt_tokens;
+                        slot_s[i] = block * bt_tokens + p % bt_tokens;
                 }
+                if (t < MLA_HEADS) {
+                        m_s[t] = -FLT_MAX;
+                        l_s[t] = 0.0f;
+                }
+                float o[MLA_NT_MAX][4];
+#pragma unroll
+                for (uint32_t j = 0; j < MLA_NT_MAX; j++)
+                        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
                 __syncthreads();
 
-                for (uint32_t i = warp; i < n; i += MLA_THREADS / 32) {
-                        const uint4 *k8 = (const uint4 *) (cache + (size_t) slot_s[i] * W);
-                        uint4 u[3];
+                for (uint32_t c0 = 0; c0 < n; c0 += MLA_CHUNK) {
+                        uint32_t cn = min((uint32_t) MLA_CHUNK, n - c0);
+                        /* stage the chunk's latent rows; rows past the item are zeros */
+                        for (uint32_t i0 = t; i0 < MLA_CHUNK * units; i0 += 6 * MLA_THREADS) {
+                                uint4 v[6];
 #pragma unroll
-                        for (uint32_t j = 0; j < 3; j++)
-                                u[j] = lane + 32 * j < units ? __ldg(k8 + lane + 32 * j)
-                                                             : make_uint4(0, 0, 0, 0);
-                        float s[MLA_HEADS];
-#pragma unroll
-                        for (uint32_t h = 0; h < MLA_HEADS; h++)
-                                s[h] = 0.0f;
-#pragma unroll
-                        for (uint32_t j = 0; j < 3; j++) {
-                                uint32_t un = lane + 32 * j;
-                                if (un >= units)
-                                        break;
-                                float kf[8];
-                                const __half2 *k2 = (const __half2 *) &u[j];
-#pragma unroll
-                                for (uint32_t e = 0; e < 4; e++) {
-                                        float2 f = __half22float2(k2[e]);
-                                        kf[2 * e] = f.x;
-                                        kf[2 * e + 1] = f.y;
+                                for (uint32_t j = 0; j < 6; j++) {
+                                        uint32_t i = i0 + j * MLA_THREADS, r = i / units;
+                                        v[j] = r < cn ? __ldg((const uint4 *) (cache +
+                                                                (size_t) slot_s[c0 + r] * W) +
+                                                              i % units)
+                                                      : make_uint4(0, 0, 0, 0);
                                 }
 #pragma unroll
-                                for (uint32_t h = 0; h < MLA_HEADS; h++) {
-                                        if (h >= hg)
+                                for (uint32_t j = 0; j < 6; j++) {
+                                        uint32_t i = i0 + j * MLA_THREADS, r = i / units;
+                                        if (r < MLA_CHUNK)
+                                                *(uint4 *) (kv_s + r * WS + 8 * (i % units)) = v[j];
+                                }
+                        }
+                        __syncthreads();
+
+                        /* S = Q·Kᵀ: warp w on the chunk's positions 8w .. 8w + 8 */
+                        {
+                                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                const __half *kr = kv_s + (8 * warp + g) * WS + 2 * tq;
+                                const __half *qa = q_h + g * WS + 2 * tq;
+                                for (uint32_t k = 0; k < W; k += 16) {
+                                        uint32_t a[4] = {lds32(qa + k), lds32(qa + 8 * WS + k),
+                                                lds32(qa + k + 8), lds32(qa + 8 * WS + k + 8)};
+                                        mla_mma(c, a, lds32(kr + k), lds32(kr + k + 8));
+                                }
+                                uint32_t i = 8 * warp + 2 * tq;
+                                p_s[g * MLA_CHUNK + i] = i < cn ? c[0] * scale : -FLT_MAX;
+                                p_s[g * MLA_CHUNK + i + 1] = i + 1 < cn ? c[1] * scale : -FLT_MAX;
+                                p_s[(g + 8) * MLA_CHUNK + i] = i < cn ? c[2] * scale : -FLT_MAX;
+                                p_s[(g + 8) * MLA_CHUNK + i + 1] =
+                                        i + 1 < cn ? c[3] * scale : -FLT_MAX;
+                        }
+                        __syncthreads();
+
+                        /* online softmax: warp w on heads 4w .. 4w + 4, lane on a position */
+                        for (uint32_t h = 4 * warp; h < 4 * warp + 4; h++) {
+                                float sv = p_s[h * MLA_CHUNK + lane];
+                                float cm = sv;
+                                for (int off = 16; off > 0; off >>= 1)
+                                        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+                                float m_old = m_s[h], m_new = fmaxf(m_old, cm);
+                                float e = lane < cn ? expf(sv - m_new) : 0.0f;
+                                p_h[h * (MLA_CHUNK + 8) + lane] = __float2half(e);
+                                float ls = e;
+                                for (int off = 16; off > 0; off >>= 1)
+                                        ls += __shfl_xor_sync(0xffffffffu, ls, off);
+                                __syncwarp();
+                                if (lane == 0) {
+                                        float f = expf(m_old - m_new);
+                                        f_s[h] = f;
+                                        l_s[h] = l_s[h] * f + ls;
+                                        m_s[h] = m_new;
+                                }
+                        }
+                        __syncthreads();
+
+                        /* O = O·f + P·V over the warp's dimensions */
+                        float fa = f_s[g], fb = f_s[g + 8];
+#pragma unroll
+                        for (uint32_t j = 0; j < MLA_NT_MAX; j++) {
+                                o[j][0] *= fa;
+                                o[j][1] *= fa;
+                                o[j][2] *= fb;
+                                o[j][3] *= fb;
+                        }
+                        const __half *pa = p_h + g * (MLA_CHUNK + 8) + 2 * tq;
+#pragma unroll
+                        for (uint32_t k = 0; k < MLA_CHUNK; k += 16) {
+                                uint32_t a[4] = {lds32(pa + k), lds32(pa + 8 * (MLA_CHUNK + 8) + k),
+                                        lds32(pa + k + 8), lds32(pa + 8 * (MLA_CHUNK + 8) + k + 8)};
+                                /* ldmatrix.x4.trans: matrices (rows k..k+8 | k+8..k+16) x
+                                 * (dims n..n+8 | n+8..n+16) give the B fragments of two
+                                 * n-tiles */
+                                uint32_t lr = k + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+                                for (uint32_t j = 0; j < MLA_NT_MAX; j += 2) {
+                                        if (j >= nt)
                                                 break;
-                                        const float4 *qa = (const float4 *) (q_s + h * W + 8 * un);
-                                        float4 x0 = qa[0], x1 = qa[1];
-                                        s[h] += x0.x * kf[0] + x0.y * kf[1] + x0.z * kf[2] +
-                                                x0.w * kf[3] + x1.x * kf[4] + x1.y * kf[5] +
-                                                x1.z * kf[6] + x1.w * kf[7];
+                                        uint32_t col = d0 + 8 * j + 8 * (lane / 16);
+                                        uint32_t addr = (uint32_t) __cvta_generic_to_shared(
+                                                kv_s + lr * WS + col);
+                                        uint32_t b0, b1, b2, b3;
+                                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                                                     "{%0,%1,%2,%3}, [%4];"
+                                                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                                                     : "r"(addr));
+                                        mla_mma(o[j], a, b0, b1);
+                                        mla_mma(o[j + 1], a, b2, b3);
                                 }
                         }
-#pragma unroll
-                        for (uint32_t h = 0; h < MLA_HEADS; h++) {
-                                if (h >= hg)
-                                        break;
-                                float v = s[h];
-                                for (int o = 16; o > 0; o >>= 1)
-                                        v += __shfl_xor_sync(0xffffffffu, v, o);
-                                if (lane == 0)
-                                        p_s[h * ATT_CHUNK + i] = v * scale;
-                        }
+                        __syncthreads(); /* kv_s and p_h are refilled by the next chunk */
                 }
-                __syncthreads();
 
-                for (uint32_t h = warp; h < hg; h += MLA_THREADS / 32) {
-                        float m = -FLT_MAX;
-                        for (uint32_t i = lane; i < n; i += 32)
-                                m = fmaxf(m, p_s[h * ATT_CHUNK + i]);
-                        for (int o = 16; o > 0; o >>= 1)
-                                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                        float l = 0.0f;
-                        for (uint32_t i = lane; i < n; i += 32) {
-                                float e = expf(p_s[h * ATT_CHUNK + i] - m);
-                                p_s[h * ATT_CHUNK + i] = e;
-                                l += e;
-                        }
-                        for (int o = 16; o > 0; o >>= 1)
-                                l += __shfl_xor_sync(0xffffffffu, l, o);
-                        if (lane == 0) {
-                                ml_s[2 * h] = m;
-                                ml_s[2 * h + 1] = l;
-                        }
-                }
-                __syncthreads();
-
-                uint32_t c = 2 * t;
-                if (c < rank) {
-                        float2 a[MLA_HEADS];
+                /* the item's partials: unnormalised O with its max and sum per head */
 #pragma unroll
-                        for (uint32_t h = 0; h < MLA_HEADS; h++)
-                                a[h] = make_float2(0.0f, 0.0f);
-                        for (uint32_t b = 0; b < n; b += 8) {
-                                __half2 u[8];
-#pragma unroll
-                                for (uint32_t j = 0; j < 8; j++)
-                                        u[j] = b + j < n ? __ldg((const __half2 *) (cache +
-                                                                   (size_t) slot_s[b + j] * W + c))
-                                                         : __float2half2_rn(0.0f);
-#pragma unroll
-                                for (uint32_t j = 0; j < 8; j++) {
-                                        if (b + j >= n)
-                                                break;
-                                        float2 v = __half22float2(u[j]);
-#pragma unroll
-                                        for (uint32_t h = 0; h < MLA_HEADS; h++) {
-                                                if (h >= hg)
-                                                        break;
-                                                float p = p_s[h * ATT_CHUNK + b + j];
-                                                a[h].x += p * v.x;
-                                                a[h].y += p * v.y;
-                                        }
-                                }
-                        }
-#pragma unroll
-                        for (uint32_t h = 0; h < MLA_HEADS; h++)
-                                if (h < hg)
-                                        *(float2 *) (acc_out + ((size_t) it * H + h0 + h) * rank + c) = a[h];
+                for (uint32_t j = 0; j < MLA_NT_MAX; j++) {
+                        if (j >= nt)
+                                break;
+                        uint32_t d = d0 + 8 * j + 2 * tq;
+                        if (g < hg)
+                                *(float2 *) (acc_out + ((size_t) it * H + h0 + g) * rank + d) =
+                                        make_float2(o[j][0], o[j][1]);
+                        if (g + 8 < hg)
+                                *(float2 *) (acc_out + ((size_t) it * H + h0 + g + 8) * rank + d) =
+                                        make_float2(o[j][2], o[j][3]);
                 }
                 if (t < hg)
-                        ml_out[(size_t) it * H + h0 + t] = make_float2(ml_s[2 * t], ml_s[2 * t + 1]);
+                        ml_out[(size_t) it * H + h0 + t] = make_float2(m_s[t], l_s[t]);
         }
+}
+
+static size_t mla_smem(uint32_t W)
+{
+        return ((size_t) MLA_HEADS + MLA_CHUNK) * (W + 8) * 2 + MLA_HEADS * MLA_CHUNK * 4 +
+               MLA_HEADS * (MLA_CHUNK + 8) * 2 + ATT_CHUNK * 4 + 3 * MLA_HEADS * 4;
 }
 
 void cu_mla_attention(cudaStream_t st, const float *q, const __half *cache, CuMeta meta,
         uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *acc, float2 *ml)
 {
-        size_t smem = ((size_t) MLA_HEADS * (rank + R) + (size_t) MLA_HEADS * ATT_CHUNK + ATT_CHUNK +
-                              2 * MLA_HEADS) * sizeof(float);
         static bool opted;
         if (!opted) {
                 cudaFuncSetAttribute(k_mla_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                        (int) ((MLA_HEADS * MLA_WIDTH_MAX + MLA_HEADS * ATT_CHUNK + ATT_CHUNK +
-                                       2 * MLA_HEADS) * sizeof(float)));
+                        (int) mla_smem(MLA_WIDTH_MAX));
                 opted = true;
         }
         dim3 blocks(grid, div_up(H, MLA_HEADS));
-        k_mla_attention<<<blocks, MLA_THREADS, smem, st>>>(q, cache, meta.base, meta.row_bt,
-                block_tokens, H, rank, R, scale, acc, ml);
+        k_mla_attention<<<blocks, MLA_THREADS, mla_smem(rank + R), st>>>(q, cache, meta.base,
+                meta.row_bt, block_tokens, H, rank, R, scale, acc, ml);
 }

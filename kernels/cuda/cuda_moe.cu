@@ -160,11 +160,12 @@ void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t 
                 slice_stride, bias, rt, rows, idx, w);
 }
 
-/* One block: counts per expert, their prefix sums, then each pair into its expert's range. */
-__global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t *off,
-        uint32_t *list)
+/* One block: counts per expert, the touched experts into the first slots in ascending id
+ * with their ranges of the list, then each pair into its expert's range. */
+__global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
+        uint32_t *ids, uint32_t *off, uint32_t *list)
 {
-        __shared__ uint32_t cnt[ROUTE_MAX + 1], cur[ROUTE_MAX];
+        __shared__ uint32_t cnt[ROUTE_MAX], cur[ROUTE_MAX];
 
         for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
                 cnt[e] = 0;
@@ -175,14 +176,21 @@ __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
                 atomicAdd(&cnt[idx[p]], 1u);
         __syncthreads();
         if (threadIdx.x == 0) {
-                uint32_t s = 0;
+                uint32_t s = 0, j = 0;
                 for (uint32_t e = 0; e < E; e++) {
                         uint32_t c = cnt[e];
                         cnt[e] = s;
-                        off[e] = s;
+                        if (c == 0)
+                                continue;
+                        ids[j] = e;
+                        off[j++] = s;
                         s += c;
                 }
-                off[E] = s;
+                for (; j < n_slots; j++) {
+                        ids[j] = 0;
+                        off[j] = s;
+                }
+                off[n_slots] = s;
         }
         __syncthreads();
         for (uint32_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
@@ -192,9 +200,9 @@ __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
 }
 
 void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
-        uint32_t *off, uint32_t *list)
+        uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
-        k_moe_group<<<1, 1024, 0, st>>>(idx, n_pairs, n_experts, off, list);
+        k_moe_group<<<1, 1024, 0, st>>>(idx, n_pairs, n_experts, n_slots, ids, off, list);
 }
 
 __global__ void k_moe_combine(const float *__restrict__ routed, uint32_t r_splits,
@@ -227,7 +235,7 @@ void cu_moe_combine(cudaStream_t st, const float *routed, uint32_t r_splits, siz
         const float *w, uint32_t top_k, const float *shared, uint32_t s_splits, size_t s_stride,
         uint32_t rows, uint32_t hidden, float *y)
 {
-        dim3 grid(div_up(hidden, 256 * 2), rows);
-        k_moe_combine<<<grid, 256, 0, st>>>(routed, r_splits, r_stride, w, top_k, shared, s_splits,
+        dim3 grid(div_up(hidden, 128), rows);
+        k_moe_combine<<<grid, 128, 0, st>>>(routed, r_splits, r_stride, w, top_k, shared, s_splits,
                 s_stride, hidden, y);
 }
