@@ -144,9 +144,9 @@ void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_
  * all), one head and MLA_COLS output columns, lane l on columns 2l, 2l + 1; its warps split
  * the reduction dimension into MLA_WARPS consecutive slices and add their sums in warp
  * order through shared memory, so a row's result does not depend on the other rows. */
-#define MLA_RB    8
+#define MLA_RB    16
 #define MLA_COLS  64
-#define MLA_WARPS 16
+#define MLA_WARPS 8
 
 /* Adds the warps' (MLA_RB, MLA_COLS) partial sums in warp order; warp 0's lanes get them. */
 __device__ void mla_reduce(float2 (&acc)[MLA_RB], float2 *red)
@@ -171,9 +171,13 @@ __global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_absorb(const float *__re
         uint32_t R, float *q)
 {
         __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
+        extern __shared__ float qs[]; /* (MLA_RB, P) the rows' q_nope of head h */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t c = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
         uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
+        for (uint32_t i = threadIdx.x; i < nr * P; i += blockDim.x)
+                qs[i] = qn[((size_t) (r0 + i / P) * H + h) * P + i % P];
+        __syncthreads();
         uint32_t p0 = (uint32_t) ((uint64_t) P * warp / MLA_WARPS);
         uint32_t p1 = (uint32_t) ((uint64_t) P * (warp + 1) / MLA_WARPS);
         bool live = c < rank;
@@ -192,11 +196,11 @@ __global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_absorb(const float *__re
                 for (uint32_t j = 0; j < MLA_RB; j++) {
                         if (j >= nr)
                                 break;
-                        const float *qr = qn + ((size_t) (r0 + j) * H + h) * P;
+                        const float *qr = qs + j * P;
 #pragma unroll
                         for (uint32_t i = 0; i < 4; i++)
                                 if (p + i < p1) {
-                                        float a = __ldg(qr + p + i);
+                                        float a = qr[p + i];
                                         acc[j].x += a * wf[i].x;
                                         acc[j].y += a * wf[i].y;
                                 }
@@ -212,7 +216,8 @@ void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t 
         uint32_t P, uint32_t rank, uint32_t R, float *q)
 {
         dim3 grid(div_up(rank, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_absorb<<<grid, MLA_WARPS * 32, 0, st>>>(qn, wk, rows, H, P, rank, R, q);
+        k_mla_absorb<<<grid, MLA_WARPS * 32, MLA_RB * P * sizeof(float), st>>>(qn, wk, rows, H, P,
+                rank, R, q);
 }
 
 /* Blocks (Vd / MLA_COLS, H, row groups): the latent columns are the reduction. */
@@ -221,9 +226,13 @@ __global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_values(const __half *__r
         __half *out)
 {
         __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
+        extern __shared__ __half os[]; /* (MLA_RB, rank) the rows' latent outputs of head h */
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t v = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
         uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
+        for (uint32_t i = threadIdx.x; i < nr * rank; i += blockDim.x)
+                os[i] = o_lat[((size_t) (r0 + i / rank) * H + h) * rank + i % rank];
+        __syncthreads();
         uint32_t c0 = (uint32_t) ((uint64_t) rank * warp / MLA_WARPS);
         uint32_t c1 = (uint32_t) ((uint64_t) rank * (warp + 1) / MLA_WARPS);
         bool live = v < Vd;
@@ -242,7 +251,7 @@ __global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_values(const __half *__r
                 for (uint32_t j = 0; j < MLA_RB; j++) {
                         if (j >= nr)
                                 break;
-                        const __half *orow = o_lat + ((size_t) (r0 + j) * H + h) * rank;
+                        const __half *orow = os + j * rank;
 #pragma unroll
                         for (uint32_t i = 0; i < 4; i++)
                                 if (c + i < c1) {
@@ -263,7 +272,8 @@ void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint
         uint32_t H, uint32_t rank, uint32_t Vd, __half *out)
 {
         dim3 grid(div_up(Vd, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_values<<<grid, MLA_WARPS * 32, 0, st>>>(o_lat, wvt, rows, H, rank, Vd, out);
+        k_mla_values<<<grid, MLA_WARPS * 32, MLA_RB * rank * sizeof(__half), st>>>(o_lat, wvt, rows,
+                H, rank, Vd, out);
 }
 
 __global__ void k_mla_split_kvb(const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
@@ -344,10 +354,29 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
                 uint32_t n = (uint32_t) (item.z - item.y);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                for (uint32_t i = t; i < MLA_HEADS * W; i += MLA_THREADS) {
-                        uint32_t h = i / W, d = i % W;
-                        q_h[h * WS + d] = __float2half(
-                                h < hg ? q[((size_t) row * H + h0 + h) * W + d] : 0.0f);
+                {
+                        /* the group's queries: rows of W floats, four at a time, six loads
+                         * in flight */
+                        const float4 *q4 = (const float4 *) (q + ((size_t) row * H + h0) * W);
+                        uint32_t w4 = W / 4;
+                        for (uint32_t i0 = t; i0 < MLA_HEADS * w4; i0 += 6 * MLA_THREADS) {
+                                float4 v[6];
+#pragma unroll
+                                for (uint32_t j = 0; j < 6; j++) {
+                                        uint32_t i = i0 + j * MLA_THREADS;
+                                        v[j] = i < hg * w4 ? __ldg(q4 + i)
+                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                }
+#pragma unroll
+                                for (uint32_t j = 0; j < 6; j++) {
+                                        uint32_t i = i0 + j * MLA_THREADS;
+                                        if (i >= MLA_HEADS * w4)
+                                                break;
+                                        __half2 *d = (__half2 *) (q_h + (i / w4) * WS + 4 * (i % w4));
+                                        d[0] = __floats2half2_rn(v[j].x, v[j].y);
+                                        d[1] = __floats2half2_rn(v[j].z, v[j].w);
+                                }
+                        }
                 }
                 for (uint32_t i = t; i < n; i += MLA_THREADS) {
                         uint32_t p = t0 + i;
