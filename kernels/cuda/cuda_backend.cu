@@ -51,8 +51,8 @@ extern "C" {
  * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
  * MoE layer lie one after another: e_gu and e_down describe expert 0, expert e being
  * e * e_*_qw 16-byte units and e * e_*_sz scale pairs further; e_gu1 and e_down1 are the
- * same weights with one K slice, for tiles above GRAPH_MAX rows (their partial sums would
- * not fit the scratch otherwise). */
+ * same weights with one K slice, for steps that touch more than a quarter of the experts
+ * (see mlp_moe). */
 typedef struct CuLayer {
         float *attn_norm, *mlp_norm;
         CuLinear qkv, o, gate_up, down;
@@ -585,7 +585,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                         gsl = MAX(gsl, (size_t) b->layers[l].e_gu.splits);
                         dsl = MAX(dsl, (size_t) b->layers[l].e_down.splits);
                 }
-                size_t small = (size_t) GRAPH_MAX * mc->top_k;
+                size_t small = (size_t) mc->n_routed / 4; /* pairs of a sliced step */
                 DALLOC(b->epart, MAX(pairs, small * gsl) * 2 * mc->expert_dim * 4, "expert partials");
                 DALLOC(b->edpart, MAX(pairs, small * dsl) * c->hidden * 4, "expert partials");
                 DALLOC(b->ehb, pairs * mc->expert_dim * 2, "expert activations");
@@ -924,15 +924,17 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
         uint32_t K = mc->top_k, E = mc->n_routed, H = c->hidden, pairs = rows * K;
-        bool small = rows <= GRAPH_MAX;
-        const CuLinear *gu = small ? &L->e_gu : &L->e_gu1, *dn = small ? &L->e_down : &L->e_down1;
+        uint32_t slots = MIN(E, pairs);
+        /* K slices pay off while few experts are touched; with many, the experts alone fill
+         * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
+        bool few = slots * 4 <= E;
+        const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
         /* router logits in float32, each row's experts and weights, pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
         cu_moe_route(b->st, b->part, s, (size_t) rows * E, L->score_bias, b->route, rows, b->ridx,
                 b->rw);
-        uint32_t slots = MIN(E, pairs);
         cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
 
         /* routed experts: gate|up of each pair, swiglu, down */

@@ -31,12 +31,24 @@ typedef struct DsShape {
         float scaling;
 } DsShape;
 
+/* A random AWQ linear of about unit gain: rnd_linear's scales make each layer multiply
+ * the norm of its input by about 2.6, and through the MLA chain (q_proj, W_UK, the scores)
+ * that makes attention one-hot and sensitive to rounding far beyond real models. */
+static BkLinear unit_linear(uint32_t in, uint32_t out, uint32_t gs)
+{
+        BkLinear l = rnd_linear(true, in, out, gs, false, BK_DT_F16);
+        uint16_t *sc = (uint16_t *) l.scales;
+        for (size_t i = 0; i < (size_t) in / gs * out; i++)
+                sc[i] = f32_to_f16(f16_to_f32(sc[i]) * 0.4f);
+        return l;
+}
+
 static BkExpert rnd_expert(uint32_t hidden, uint32_t width, uint32_t gs)
 {
         return (BkExpert){
-                .gate = rnd_linear(true, hidden, width, gs, false, BK_DT_F16),
-                .up = rnd_linear(true, hidden, width, gs, false, BK_DT_F16),
-                .down = rnd_linear(true, width, hidden, gs, false, BK_DT_F16),
+                .gate = unit_linear(hidden, width, gs),
+                .up = unit_linear(hidden, width, gs),
+                .down = unit_linear(width, hidden, gs),
         };
 }
 
@@ -94,16 +106,15 @@ static BkModel rnd_deepseek(const DsShape *s)
                 L->attn_norm = (BkTensor){BK_DT_F16, rnd_f16(s->hidden, 0.5f, 1.5f)};
                 L->mlp_norm = (BkTensor){BK_DT_F32, rnd_f32(s->hidden, 0.5f, 1.5f)};
                 if (s->q_lora) {
-                        L->mla.q_a = rnd_linear(true, s->hidden, s->q_lora, gs, false, BK_DT_F16);
+                        L->mla.q_a = unit_linear(s->hidden, s->q_lora, gs);
                         L->mla.q_a_norm = (BkTensor){BK_DT_F32, rnd_f32(s->q_lora, 0.5f, 1.5f)};
-                        L->mla.q_b = rnd_linear(true, s->q_lora, q_dim, gs, false, BK_DT_F16);
+                        L->mla.q_b = unit_linear(s->q_lora, q_dim, gs);
                 } else
-                        L->q = rnd_linear(true, s->hidden, q_dim, gs, false, BK_DT_F16);
-                L->mla.kv_a = rnd_linear(true, s->hidden, s->rank + s->rope, gs, false, BK_DT_F16);
+                        L->q = unit_linear(s->hidden, q_dim, gs);
+                L->mla.kv_a = unit_linear(s->hidden, s->rank + s->rope, gs);
                 L->mla.kv_a_norm = (BkTensor){BK_DT_F16, rnd_f16(s->rank, 0.5f, 1.5f)};
-                L->mla.kv_b = rnd_linear(
-                        true, s->rank, s->heads * (s->nope + s->vd), gs, false, BK_DT_F16);
-                L->o = rnd_linear(true, s->heads * s->vd, s->hidden, gs, false, BK_DT_F16);
+                L->mla.kv_b = unit_linear(s->rank, s->heads * (s->nope + s->vd), gs);
+                L->o = unit_linear(s->heads * s->vd, s->hidden, gs);
                 if (l == 0) {
                         BkExpert d = rnd_expert(s->hidden, s->inter, gs);
                         L->gate = d.gate;
