@@ -30,6 +30,23 @@ int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,
 int cuda_test_experts(const BkLinear *experts, uint32_t n_experts, const uint32_t *expert_of,
         uint32_t n_pairs, uint32_t x_div, bool reverse, const float *x, float *y, DsError *err);
 
+/* Test hook: the prefill attention kernel alone on rows pos..pos+n-1 of one sequence
+ * whose positions 0..pos+n-1 are in a paged cache of cache_blocks blocks (FP16 bits,
+ * (block, block_tokens, n_kv_heads * head_dim), K and V alike) through its block table;
+ * the rows are cut into a first task of `first` rows, then tasks of the kernel's most.
+ * q (n, n_heads * head_dim) float32; out (n, n_heads * head_dim) FP16 bits, written where
+ * the kernel writes (poison it to see). */
+typedef struct CudaFlashTest {
+        uint32_t n_heads, n_kv_heads, head_dim;
+        uint32_t block_tokens, cache_blocks;
+        const uint32_t *blocks;
+        uint32_t n_blocks;
+        uint32_t pos, n, first;
+} CudaFlashTest;
+
+int cuda_test_flash(const CudaFlashTest *t, const float *q, const uint16_t *k, const uint16_t *v,
+        uint16_t *out, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

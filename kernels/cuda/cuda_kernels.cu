@@ -476,6 +476,9 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
         uint2 ri = row_items[r];
         float m = -FLT_MAX;
 
+        if (ri.y == 0)
+                return; /* a prefill row: the flash kernel writes it */
+
         for (uint32_t i = t; i < ri.y; i += COMBINE_THREADS)
                 m = fmaxf(m, ml[(size_t) (ri.x + i) * n_heads + h].x);
         m = warp_max(m);
