@@ -47,6 +47,21 @@ typedef struct CudaFlashTest {
 int cuda_test_flash(const CudaFlashTest *t, const float *q, const uint16_t *k, const uint16_t *v,
         uint16_t *out, DsError *err);
 
+/* Test hook: cu_add_norm on rows rows at once (x_rows rows of hidden in x and in each of
+ * the splits slices of part; out_row NULL or rows entries), then again in passes of
+ * at most the rows the cluster kernel takes. x_out (x_rows, hidden) and xn_out (rows,
+ * hidden, FP16 bits) from the first; same: the passes gave the same bits. */
+typedef struct CudaNormTest {
+        uint32_t rows, x_rows, hidden, splits;
+        const float *x, *part, *bias, *w;
+        const uint32_t *out_row;
+        bool write_res;
+        float eps;
+} CudaNormTest;
+
+int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t *xn_out, bool *same,
+        DsError *err);
+
 #ifdef __cplusplus
 }
 #endif
