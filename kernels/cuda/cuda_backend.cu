@@ -734,7 +734,7 @@ static uint32_t att_chunk(const BkSeq *s, uint32_t pos, uint32_t n_seqs)
 /* True when the rows of s attend through the flash kernel rather than items. */
 static bool uses_flash(const Backend *b, const BkSeq *s)
 {
-        return s->n_tokens > 1 && cu_flash_takes(b->cfg.head_dim);
+        return s->n_tokens > 1 && cu_flash_takes(b->cfg.head_dim, b->cfg.max_positions);
 }
 
 static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32_t i, uint32_t pos,

@@ -7,7 +7,10 @@
  * last row: S = Q·K^T with mma.sync m16n8k16 (FP16 in, fp32 accumulation), the causal
  * mask, an online softmax in fp32 (base 2, the scale folded in), P rounded to FP16 and
  * O += P·V on the tensor cores again. K/V tiles come through cp.async, double-buffered,
- * gathered position by position through the block table.
+ * gathered position by position through the block table. 168 registers and 64 KB of
+ * shared memory (Q passes through the second K buffer on its way to registers) let three
+ * blocks share an SM: the loop is latency-bound, and two blocks left it at 17% of the
+ * tensor cores' peak.
  *
  * Tiles are aligned to absolute positions, so a row meets the same tiles in the same order
  * whatever task it is planned into; tiles past its own position are fully masked for it and
@@ -27,10 +30,13 @@ extern "C" {
 #define FL_BN      64 /* positions per K/V tile */
 #define FL_WARPS   (FLASH_ROWS / 16)
 #define FL_THREADS (FL_WARPS * 32)
+#define FL_BLOCKS  3 /* per SM */
 
-bool cu_flash_takes(uint32_t head_dim)
+static_assert(FLASH_ROWS == FL_BN, "the Q tile is staged in a K buffer");
+
+bool cu_flash_takes(uint32_t head_dim, uint32_t max_positions)
 {
-        return head_dim == 64 || head_dim == 128;
+        return (head_dim == 64 || head_dim == 128) && max_positions <= 1u << 23; /* div_rem */
 }
 
 /* 16-byte unit c of row r of a tile of rows of HD halves, XOR-swizzled over 8 rows so
@@ -82,6 +88,23 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* p / d and p % d for p < 2^23 from a float estimate of the quotient (inv = 1 / d), off by
+ * at most one there: no division sequence per K/V row. */
+__device__ __forceinline__ uint32_t div_rem(uint32_t p, uint32_t d, float inv, uint32_t *rem)
+{
+        uint32_t q = (uint32_t) ((float) p * inv);
+        int32_t r = (int32_t) (p - q * d);
+        if (r < 0) {
+                q--;
+                r += (int32_t) d;
+        } else if (r >= (int32_t) d) {
+                q++;
+                r -= (int32_t) d;
+        }
+        *rem = (uint32_t) r;
+        return q;
+}
+
 __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 {
         __half2 h = __floats2half2_rn(lo, hi);
@@ -91,7 +114,7 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 /* Grid (n_heads, n_tasks); tasks[k] = first row | rows << 16, heaviest (latest) last, so
  * block y takes task n_tasks - 1 - y and the long ones start first. */
 template <uint32_t HD>
-__global__ void __launch_bounds__(FL_THREADS) k_flash(const float *__restrict__ q,
+__global__ void __launch_bounds__(FL_THREADS, FL_BLOCKS) k_flash(const float *__restrict__ q,
         const __half *__restrict__ k_cache, const __half *__restrict__ v_cache,
         const uint32_t *__restrict__ meta, const uint32_t *__restrict__ pos,
         const uint32_t *__restrict__ row_bt, const uint32_t *__restrict__ tasks, uint32_t bt_tokens,
@@ -99,9 +122,9 @@ __global__ void __launch_bounds__(FL_THREADS) k_flash(const float *__restrict__ 
 {
         constexpr uint32_t CH = HD / 8; /* 16-byte units per row */
         extern __shared__ uint4 smem[];
-        uint4 *q_s = smem;                     /* (FLASH_ROWS, CH) */
-        uint4 *k_s = q_s + FLASH_ROWS * CH;    /* 2 x (FL_BN, CH) */
-        uint4 *v_s = k_s + 2 * FL_BN * CH;     /* 2 x (FL_BN, CH) */
+        uint4 *k_s = smem;                 /* 2 x (FL_BN, CH) */
+        uint4 *v_s = k_s + 2 * FL_BN * CH; /* 2 x (FL_BN, CH) */
+        uint4 *q_s = k_s + FL_BN * CH;     /* (FLASH_ROWS, CH) in K buffer 1, until tile 1 */
         uint32_t h = blockIdx.x, n_heads = gridDim.x, q_dim = n_heads * HD;
         uint32_t task = tasks[gridDim.y - 1 - blockIdx.y];
         uint32_t r0 = task & 0xffffu, nq = task >> 16;
@@ -109,19 +132,23 @@ __global__ void __launch_bounds__(FL_THREADS) k_flash(const float *__restrict__ 
         const uint32_t *bt = meta + row_bt[r0];
         size_t head_off = (size_t) (h / group) * HD;
         uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32;
+        float inv_bt = 1.0f / (float) bt_tokens;
 
-        /* K and V of tile j into buffer j % 2; positions past the task's last row are
-         * zero-filled (they may lie past the block table). */
+        /* K and V of tile j into buffer j % 2, thread t taking unit t % CH of rows t / CH +
+         * u * (FL_THREADS / CH); positions past the task's last row are zero-filled (they
+         * may lie past the block table). */
         auto load_kv = [&](uint32_t j) {
-                uint32_t buf = (j & 1) * FL_BN * CH;
+                uint32_t buf = (j & 1) * FL_BN * CH, c = t % CH;
 #pragma unroll
                 for (uint32_t u = 0; u < FL_BN * CH / FL_THREADS; u++) {
-                        uint32_t i = t + u * FL_THREADS, r = i / CH, c = i % CH, p = j * FL_BN + r;
+                        uint32_t r = t / CH + u * (FL_THREADS / CH), p = j * FL_BN + r;
                         bool valid = p <= p_last;
                         size_t at = 0;
-                        if (valid)
-                                at = ((size_t) bt[p / bt_tokens] * bt_tokens + p % bt_tokens) *
-                                             kv_dim + head_off + c * 8;
+                        if (valid) {
+                                uint32_t off, blk = div_rem(p, bt_tokens, inv_bt, &off);
+                                at = ((size_t) bt[blk] * bt_tokens + off) * kv_dim + head_off +
+                                     c * 8;
+                        }
                         cp_async16(&k_s[buf + sw<HD>(r, c)], k_cache + at, valid);
                         cp_async16(&v_s[buf + sw<HD>(r, c)], v_cache + at, valid);
                 }
@@ -148,6 +175,7 @@ __global__ void __launch_bounds__(FL_THREADS) k_flash(const float *__restrict__ 
 #pragma unroll
         for (uint32_t kk = 0; kk < HD / 16; kk++)
                 ldsm_x4(qf[kk], &q_s[sw<HD>(warp * 16 + lane % 16, 2 * kk + lane / 16)]);
+        __syncthreads(); /* Q is in registers everywhere before tile 1 lands on it */
 
         /* this thread's rows: g and g + 8 of the warp's 16 */
         uint32_t pr[2];
@@ -265,7 +293,7 @@ static void flash_launch(cudaStream_t st, const float *q, const __half *k_cache,
         uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads, __half *out)
 {
         static bool smem_set; /* the same value from any thread: a race is harmless */
-        size_t smem = (size_t) (FLASH_ROWS + 4 * FL_BN) * HD * 2;
+        size_t smem = (size_t) 4 * FL_BN * HD * 2;
         if (!smem_set) {
                 cudaFuncSetAttribute(k_flash<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                         (int) smem);
@@ -317,7 +345,7 @@ extern "C" int cuda_test_flash(const CudaFlashTest *ft, const float *q, const ui
         uint32_t *m_d = NULL, *m_h = NULL, n_tasks = 0;
         int r = 0;
 
-        if (!cu_flash_takes(hd) || n == 0 || n > 0xffffu || ft->first == 0 ||
+        if (!cu_flash_takes(hd, ft->pos + n) || n == 0 || n > 0xffffu || ft->first == 0 ||
                 ft->n_heads % ft->n_kv_heads != 0)
                 return ds_error(err, -EINVAL, "flash test: head_dim %u, %u rows, first task %u",
                         hd, n, ft->first);
