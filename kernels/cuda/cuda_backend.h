@@ -59,8 +59,8 @@ typedef struct CudaNormTest {
         float eps;
 } CudaNormTest;
 
-int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t *xn_out, bool *same,
-        DsError *err);
+int cuda_test_add_norm(
+        const CudaNormTest *t, float *x_out, uint16_t *xn_out, bool *same, DsError *err);
 
 #ifdef __cplusplus
 }
