@@ -17,6 +17,10 @@
  * sampled on the GPU (argmax); rows with temperature or penalties copy their logits row
  * to the host and go through bk_sample.
  *
+ * Attention: a sequence bringing more than one token (a prefill chunk) goes through the
+ * tensor-core flash kernel (cuda_flash.cu) when it takes the head size, other rows through
+ * work items of k_attention merged by k_attention_combine.
+ *
  * Every row of a sequence is computed by the same kernels in the same order whatever else
  * is in the step, as long as the step's row count stays on the same side of the
  * GEMV/cuBLAS switch: cuBLAS's own blocking is not ours to fix. */
@@ -111,6 +115,8 @@ struct Backend {
         uint32_t *meta_d, *meta_h;
         size_t dyn_off;
         CuMeta meta;
+        const uint32_t *flash_tasks; /* device: meta array 7 */
+        uint32_t n_flash;            /* flash tasks of the tile being run */
 
         /* results and host sampling */
         int32_t *ids_h;
@@ -597,8 +603,8 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
         }
 
-        /* meta: header, seven arrays of rows, then items and block tables */
-        b->dyn_off = (4 + 7 * R + 3) / 4 * 4;
+        /* meta: header, eight arrays of rows, then items and block tables */
+        b->dyn_off = (4 + 8 * R + 3) / 4 * 4;
         size_t words = b->dyn_off + 4 * (size_t) TILE_ITEMS + TILE_BT;
         DALLOC(b->meta_d, words * 4, "step metadata");
         CU_TRY(cudaMallocHost((void **) &b->meta_h, words * 4), "pinned step metadata");
@@ -613,6 +619,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 .row_items = (const uint2 *) (m + 4 + 4 * R),
                 .out_row = m + 4 + 6 * R,
         };
+        b->flash_tasks = m + 4 + 7 * R;
         b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
         b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
         b->sample_i = (int32_t *) malloc((size_t) c->vocab_size * 4);
@@ -868,10 +875,15 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         cu_rope_kv(b->st, b->part, s, (size_t) rows * L->qkv.out, L->qkv.bias, b->meta, rows,
                 b->inv_freq, b->attention_factor, c->n_heads, c->n_kv_heads, hd, b->q, kc, vc);
 
-        /* causal grouped-query attention over the cache */
-        cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
-                c->n_kv_heads, hd, b->acc, b->ml);
-        cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
+        /* causal grouped-query attention over the cache: items (none in a tile of prefill
+         * chunks only), then the prefill chunks' rows */
+        if (att_grid > 0) {
+                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
+                        c->n_kv_heads, hd, b->acc, b->ml);
+                cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
+        }
+        cu_flash_attention(b->st, b->q, kc, vc, b->meta, b->flash_tasks, b->n_flash,
+                b->block_tokens, c->n_heads, c->n_kv_heads, hd, b->att);
 }
 
 /* Multi-head latent attention (DeepSeek) of the rows from b->xn into b->att, in the
@@ -1023,6 +1035,8 @@ typedef struct Plan {
         uint32_t n_seqs;    /* sequences in the step (att_chunk) */
         int32_t seq_bt_seq; /* the last sequence whose block table is in the tile */
         uint32_t seq_bt_at; /* ... at this offset from meta */
+        uint32_t n_flash;   /* flash tasks (meta array 7) */
+        int32_t flash_seq;  /* the sequence of the last one */
 } Plan;
 
 static Plan plan_new(uint32_t n_seqs)
@@ -1031,6 +1045,7 @@ static Plan plan_new(uint32_t n_seqs)
         memset(&p, 0, sizeof(p));
         p.n_seqs = n_seqs;
         p.seq_bt_seq = -1;
+        p.flash_seq = -1;
         return p;
 }
 
@@ -1066,11 +1081,21 @@ static uint32_t att_chunk(const Backend *b, const BkSeq *s, uint32_t pos, uint32
         return c;
 }
 
+/* True when the rows of s attend through the flash kernel rather than items (prefill
+ * chunks of GQA models; MLA rows always go through the latent items). */
+static bool uses_flash(const Backend *b, const BkSeq *s)
+{
+        return !b->mla && s->n_tokens > 1 &&
+               cu_flash_takes(b->cfg.head_dim, b->cfg.max_positions);
+}
+
 /* True when row (seq i, position pos) fits in the tile as planned so far. */
 static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32_t i, uint32_t pos,
         bool logits)
 {
-        uint32_t items = div_up(pos + 1, att_chunk(b, &seqs[i], pos, p->n_seqs));
+        uint32_t items = uses_flash(b, &seqs[i])
+                                 ? 0
+                                 : div_up(pos + 1, att_chunk(b, &seqs[i], pos, p->n_seqs));
         uint32_t bt = p->seq_bt_seq == (int32_t) i ? 0 : seq_blocks(b, &seqs[i]);
         return p->rows < TILE_ROWS && p->n_items + items <= TILE_ITEMS &&
                p->n_bt + bt <= TILE_BT && (!logits || p->n_out < TILE_OUT);
@@ -1096,7 +1121,8 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
         meta_arr(b, 1)[r] = pos;
         meta_arr(b, 2)[r] = s->blocks[pos / b->block_tokens] * b->block_tokens + pos % b->block_tokens;
         meta_arr(b, 3)[r] = p->seq_bt_at; /* relative for now, see plan_finish */
-        uint32_t chunk = att_chunk(b, s, pos, p->n_seqs), items = div_up(pos + 1, chunk);
+        bool flash = uses_flash(b, s);
+        uint32_t chunk = att_chunk(b, s, pos, p->n_seqs), items = flash ? 0 : div_up(pos + 1, chunk);
         meta_arr(b, 4)[2 * r] = p->n_items;
         meta_arr(b, 4)[2 * r + 1] = items;
         for (uint32_t k = 0; k < items; k++) {
@@ -1107,6 +1133,16 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
                 it[3] = 0;
         }
         p->n_items += items;
+        if (flash) {
+                /* consecutive rows of the sequence, in tasks of up to FLASH_ROWS */
+                uint32_t *tasks = meta_arr(b, 7);
+                if (p->flash_seq == (int32_t) i && tasks[p->n_flash - 1] >> 16 < FLASH_ROWS) {
+                        tasks[p->n_flash - 1] += 1u << 16;
+                } else {
+                        tasks[p->n_flash++] = r | 1u << 16;
+                        p->flash_seq = (int32_t) i;
+                }
+        }
         if (logits)
                 meta_arr(b, 6)[p->n_out++] = r;
         b->rows[r] = (Row){.seq = i, .pos = pos, .logits = logits};
@@ -1123,6 +1159,7 @@ static int plan_finish(Backend *b, const Plan *p, DsError *err)
                 meta_arr(b, 3)[r] += bt_at;
         b->meta_h[0] = p->n_items;
         b->meta_h[1] = (uint32_t) b->dyn_off;
+        b->n_flash = p->n_flash;
         CU_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h, ((size_t) bt_at + p->n_bt) * 4,
                        cudaMemcpyHostToDevice, b->st),
                 "step metadata");

@@ -35,6 +35,38 @@ int cuda_test_experts(const BkLinear *experts, uint32_t n_experts, const uint32_
 int cuda_test_moe_route(const BkMoeConfig *mc, const float *logits, const float *bias,
         uint32_t rows, uint32_t *idx, float *w, DsError *err);
 
+/* Test hook: the prefill attention kernel alone on rows pos..pos+n-1 of one sequence
+ * whose positions 0..pos+n-1 are in a paged cache of cache_blocks blocks (FP16 bits,
+ * (block, block_tokens, n_kv_heads * head_dim), K and V alike) through its block table;
+ * the rows are cut into a first task of `first` rows, then tasks of the kernel's most.
+ * q (n, n_heads * head_dim) float32; out (n, n_heads * head_dim) FP16 bits, written where
+ * the kernel writes (poison it to see). */
+typedef struct CudaFlashTest {
+        uint32_t n_heads, n_kv_heads, head_dim;
+        uint32_t block_tokens, cache_blocks;
+        const uint32_t *blocks;
+        uint32_t n_blocks;
+        uint32_t pos, n, first;
+} CudaFlashTest;
+
+int cuda_test_flash(const CudaFlashTest *t, const float *q, const uint16_t *k, const uint16_t *v,
+        uint16_t *out, DsError *err);
+
+/* Test hook: cu_add_norm on rows rows at once (x_rows rows of hidden in x and in each of
+ * the splits slices of part; out_row NULL or rows entries), then again in passes of
+ * at most the rows the cluster kernel takes. x_out (x_rows, hidden) and xn_out (rows,
+ * hidden, FP16 bits) from the first; same: the passes gave the same bits. */
+typedef struct CudaNormTest {
+        uint32_t rows, x_rows, hidden, splits;
+        const float *x, *part, *bias, *w;
+        const uint32_t *out_row;
+        bool write_res;
+        float eps;
+} CudaNormTest;
+
+int cuda_test_add_norm(
+        const CudaNormTest *t, float *x_out, uint16_t *xn_out, bool *same, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

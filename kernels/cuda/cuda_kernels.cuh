@@ -73,6 +73,18 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
         CuMeta meta, uint32_t grid, uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads,
         uint32_t head_dim, float *acc, float2 *ml);
 
+/* Prefill attention on tensor cores (cuda_flash.cu), for head_dim 64 or 128 and fewer
+ * than 2^23 positions (cu_flash_takes): out rows = causal softmax(q·K^T / sqrt(head_dim))·V of n_tasks tasks,
+ * tasks[k] = first row | rows << 16, rows <= FLASH_ROWS consecutive rows of one sequence at
+ * consecutive positions (meta.pos, meta.row_bt of the first row); blocks take them from
+ * the last, so a chunk's latest (longest) tasks start first. */
+#define FLASH_ROWS 64
+bool cu_flash_takes(uint32_t head_dim, uint32_t max_positions);
+void cu_flash_attention(cudaStream_t st, const float *q, const __half *k_cache,
+        const __half *v_cache, CuMeta meta, const uint32_t *tasks, uint32_t n_tasks,
+        uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+        __half *out);
+
 /* out (rows, n_heads*head_dim) = the softmax-weighted merge of each row's item partials. */
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out);
