@@ -60,14 +60,23 @@ SM_FN float sm_exp(float x)
         return ldexpf(p, (int) k); /* exact: the result is a normal float */
 }
 
-/* The weight of a candidate of (penalized) logit v in a row whose largest is max. */
-SM_FN uint64_t sm_weight(float v, float max, float temperature)
+/* The scaled logit of a candidate of (penalized) logit v in a row whose largest is max. */
+SM_FN float sm_scaled(float v, float max, float temperature)
 {
-        float x = SM_DIV(SM_SUB(v, max), temperature);
+        return SM_DIV(SM_SUB(v, max), temperature);
+}
 
+/* The weight of a candidate of scaled logit x. */
+SM_FN uint64_t sm_weight_of(float x)
+{
         if (!(x >= SM_X_MIN)) /* NaN too */
                 return 0;
         return (uint64_t) SM_MUL(sm_exp(x), SM_ONE);
+}
+
+SM_FN uint64_t sm_weight(float v, float max, float temperature)
+{
+        return sm_weight_of(sm_scaled(v, max, temperature));
 }
 
 /* A logit after the penalties of an id seen count > 0 times: repetition divides a positive

@@ -1486,11 +1486,17 @@ extern "C" int cuda_test_sample(const float *logits, uint32_t rows, uint32_t voc
 
         if (rows == 0 || rows > TILE_OUT)
                 return ds_error(err, -EINVAL, "test sample: %u rows, 1 to %u", rows, TILE_OUT);
-        int r = cuda_create(NULL, &b, err);
-        if (r < 0)
-                return r;
+        /* Only what sampling uses: no cuBLAS, no weights. */
+        b = (Backend *) calloc(1, sizeof(*b));
+        if (!b)
+                return ds_error(err, -ENOMEM, "test sample: out of memory");
+        cudaError_t e = cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+                free(b);
+                return cuda_fail(err, e, "test sample stream");
+        }
         b->cfg.vocab_size = b->cfg.vocab_sample = vocab;
-        r = sample_alloc(b, err);
+        int r = sample_alloc(b, err);
         if (r == 0)
                 r = dalloc((void **) &b->logits, bytes, "test logits", err);
         if (r == 0)
@@ -1499,7 +1505,6 @@ extern "C" int cuda_test_sample(const float *logits, uint32_t rows, uint32_t voc
                 r = cudaMallocHost((void **) &b->ids_h, TILE_OUT * 4) == cudaSuccess
                             ? 0
                             : ds_error(err, -ENOMEM, "test sample: pinned ids");
-        cudaError_t e = cudaSuccess;
         if (r == 0 && graph) {
                 /* Captured before the parameters go up: a replay reads them afresh. */
                 cudaGraph_t g;
@@ -1549,6 +1554,8 @@ extern "C" int cuda_test_sample(const float *logits, uint32_t rows, uint32_t voc
                 r = cuda_fail(err, e, "test sample");
         if (exec)
                 cudaGraphExecDestroy(exec);
-        cuda_free(b);
+        weights_free(b);
+        cudaStreamDestroy(b->st);
+        free(b);
         return r;
 }

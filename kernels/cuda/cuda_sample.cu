@@ -39,6 +39,7 @@ typedef struct Smem {
 /* The filters found so far; a candidate is kept when it passes all that are on. */
 typedef struct Filter {
         float max, temp;
+        float live; /* the least logit whose scaled logit reaches SM_X_MIN */
         bool k_on, p_on, min_on;
         float kv, pv;      /* the last kept candidate of top-k, top-p: logit ... */
         uint32_t kid, pid; /* ... and id */
@@ -57,9 +58,12 @@ __device__ __forceinline__ float val_of(uint32_t o)
         return __uint_as_float(o ^ (o >> 31 ? 0x80000000u : FULL));
 }
 
-/* The candidate's weight if every filter on keeps it, else 0. */
+/* The candidate's weight if every filter on keeps it, else 0. Most of a row lies below
+ * f.live and costs one comparison. */
 __device__ __forceinline__ u64 kept(const Filter &f, uint32_t i, float v)
 {
+        if (!(v >= f.live))
+                return 0;
         u64 w = sm_weight(v, f.max, f.temp);
         if (w == 0)
                 return 0;
@@ -72,13 +76,29 @@ __device__ __forceinline__ u64 kept(const Filter &f, uint32_t i, float v)
         return w;
 }
 
-/* Bucket of a kept candidate, ascending as the logit descends: the scaled logit lies in
- * [SM_X_MIN, 0], cut into BINS equal parts. Monotonic, as every step rounds. */
+/* Bucket of a candidate at or above f.live, ascending as the logit descends: the scaled
+ * logit lies in [SM_X_MIN, 0], cut into BINS equal parts. Monotonic, as every step
+ * rounds. */
 __device__ __forceinline__ uint32_t bucket_of(const Filter &f, float v)
 {
-        float x = SM_DIV(SM_SUB(v, f.max), f.temp);
+        float x = sm_scaled(v, f.max, f.temp);
         uint32_t b = (uint32_t) SM_MUL(-x, (float) BINS / -SM_X_MIN);
         return min(b, BINS - 1);
+}
+
+/* The least key in [lo, hi] whose logit passes pred, a predicate that holds from some key
+ * on up to hi (hi passes). Every thread computes it alike. */
+template <class Pred>
+__device__ uint32_t least_key(uint32_t lo, uint32_t hi, Pred pred)
+{
+        while (lo < hi) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                if (pred(val_of(mid)))
+                        hi = mid;
+                else
+                        lo = mid + 1;
+        }
+        return lo;
 }
 
 /* hist[bin] += add over the warp, one atomic per distinct bin; minid[bin] gets the least
@@ -223,7 +243,7 @@ __device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Wei
 /* The kept candidate (*ret_v, *ret_id) at which, best first, the running count (count) or
  * weight first exceeds g (top_p > 0: top-p's need less one). False when all kept
  * candidates together do not exceed g. */
-__device__ bool select(Smem &sm, const float *row, uint32_t vocab, const Filter &f, bool count,
+__device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, const Filter &f, bool count,
         u64 g, float top_p, float *ret_v, uint32_t *ret_id)
 {
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -243,11 +263,19 @@ __device__ bool select(Smem &sm, const float *row, uint32_t vocab, const Filter 
                         if (w)
                                 b = bucket_of(f, v);
                 }
-                hist_add(sm.hist, NULL, b, count ? 1 : w, i);
+                if (__any_sync(FULL, b != NONE))
+                        hist_add(sm.hist, NULL, b, count ? 1 : w, i);
         }
         __syncthreads();
         if (!scan_bins(sm, BINS, false, g, top_p, &bucket, &rem))
                 return false;
+        /* the bucket's keys: the logits from its least up to the next bucket's least */
+        uint32_t top = ord_of(f.max), live = ord_of(f.live);
+        uint32_t key_lo = least_key(live, top, [&](float v) { return bucket_of(f, v) <= bucket; });
+        uint32_t key_hi = bucket == 0 ? top
+                                      : least_key(live, top, [&](float v) {
+                                                return bucket_of(f, v) <= bucket - 1;
+                                        }) - 1;
 
         /* radix digits of the logit's bits within the bucket: 11, 11, 10 */
         for (uint32_t level = 0; level < 3; level++) {
@@ -265,13 +293,16 @@ __device__ bool select(Smem &sm, const float *row, uint32_t vocab, const Filter 
                         u64 w = 0;
                         if (i < vocab) {
                                 float v = row[i];
-                                w = kept(f, i, v);
                                 uint32_t o = ord_of(v);
-                                if (w && bucket_of(f, v) == bucket &&
-                                        (level == 0 || o >> (shift + width) == prefix))
-                                        b = (o >> shift) & (nb - 1);
+                                if (o >= key_lo && o <= key_hi &&
+                                        (level == 0 || o >> (shift + width) == prefix)) {
+                                        w = kept(f, i, v);
+                                        if (w)
+                                                b = (o >> shift) & (nb - 1);
+                                }
                         }
-                        hist_add(sm.hist, minid, b, count ? 1 : w, i);
+                        if (__any_sync(FULL, b != NONE))
+                                hist_add(sm.hist, minid, b, count ? 1 : w, i);
                 }
                 __syncthreads();
                 scan_bins(sm, nb, true, rem, 0.0f, &bin, &rem);
@@ -355,10 +386,13 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
                 Filter f = {};
                 f.max = max;
                 f.temp = p.temperature;
+                f.live = val_of(least_key(ord_of(-INFINITY), ord_of(max), [&](float v) {
+                        return sm_scaled(v, max, p.temperature) >= SM_X_MIN;
+                }));
                 if (p.top_k > 0 && p.top_k < vocab)
-                        f.k_on = select(sm, row, vocab, f, true, p.top_k - 1, 0.0f, &f.kv, &f.kid);
+                        f.k_on = weighted_select(sm, row, vocab, f, true, p.top_k - 1, 0.0f, &f.kv, &f.kid);
                 if (p.top_p > 0.0f && p.top_p < 1.0f)
-                        f.p_on = select(sm, row, vocab, f, false, 0, p.top_p, &f.pv, &f.pid);
+                        f.p_on = weighted_select(sm, row, vocab, f, false, 0, p.top_p, &f.pv, &f.pid);
                 f.min_on = p.min_p > 0.0f;
                 f.min_w = sm_min_p_floor(p.min_p);
                 uint64_t random = philox_draw(p.seed, p.draw);
