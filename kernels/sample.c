@@ -171,8 +171,24 @@ int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, cons
                 for (uint32_t j = 0; j < n; j++)
                         total += sm_weight(val[ids[j]], max, temp);
                 uint64_t need = sm_top_p_need(s->top_p, total);
-                if (by_id)
+                if (by_id) {
+                        /* The candidates lighter than c weigh less than total - need
+                         * together, so the others reach need, and so does everything at
+                         * or above the least logit among them: the prefix lies there
+                         * (llama2.c's sample_topp cutoff, taken to logits so that it holds
+                         * whether or not weights fall with the logit). */
+                        uint64_t c = (total - need) / (n - 1);
+                        float least = max;
+                        for (uint32_t j = 0; j < n; j++)
+                                if (sm_weight(val[ids[j]], max, temp) >= c)
+                                        least = fminf(least, val[ids[j]]);
+                        uint32_t kept = 0;
+                        for (uint32_t j = 0; j < n; j++)
+                                if (val[ids[j]] >= least)
+                                        ids[kept++] = ids[j];
+                        n = kept;
                         sort_best_first(val, ids, n);
+                }
                 by_id = false;
                 uint32_t keep = n;
                 for (uint32_t j = 0; j < n; j++) {
