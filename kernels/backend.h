@@ -174,7 +174,10 @@ typedef struct BkModel {
 
 /* Sampling for one request. temperature 0 means greedy (argmax, lowest id on a tie). The
  * filters apply in the order penalties, top-k, temperature, top-p, min-p; 0 disables a
- * filter (top_p 1 too), 1 disables the repetition penalty. */
+ * filter (top_p 1 too), 1 disables the repetition penalty. Probabilities are integer
+ * weights (kernels/sample_math.h): an id below 2^-34 of the likeliest is never drawn and
+ * top-k does not count it. The draw-th sample of a request uses Philox4x32-10 keyed by
+ * seed (kernels/philox.h). */
 typedef struct BkSampling {
         float temperature;
         uint32_t top_k;

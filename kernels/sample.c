@@ -2,34 +2,28 @@
 /* One sampling decision from a row of float32 logits, shared by every backend. Pure C,
  * no allocation, no global state: the result depends only on the logits, the request's
  * parameters and history, its seed and its draw index, never on the rest of the batch.
+ * The CUDA backend makes the same decision on the device (kernels/cuda/cuda_sample.cu)
+ * through the same arithmetic (sample_math.h) and the same random bits (philox.h).
  *
  * Candidates are ordered by (logit descending, id ascending), a total order, so every
  * tie is broken towards the lowest id and the outcome does not depend on a sort's
- * stability. */
+ * stability. Top-k and top-p cut that order; the draw then walks the kept ids in
+ * ascending id order, which a device can do without sorting. */
 #include <assert.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdlib.h>
+
+/* sample_math.h's arithmetic must round each operation on its own, as the device does. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
 
 #include "backend.h"
-
-/* ---------------------------------------------------------------------------------------
- * Counter-based random numbers: splitmix64's finalizer applied to (seed, draw). */
-
-static uint64_t mix64(uint64_t z)
-{
-        z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-        z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-        return z ^ (z >> 31);
-}
-
-/* The draw-th number of the request seeded with seed, uniform in [0, 1). */
-static double sample_uniform(uint64_t seed, uint64_t draw)
-{
-        const uint64_t golden_gamma = UINT64_C(0x9e3779b97f4a7c15);
-        uint64_t z = mix64(seed + golden_gamma) + (draw + 1) * golden_gamma;
-
-        return (double) (mix64(z) >> 11) * 0x1.0p-53;
-}
+#include "philox.h"
+#include "sample_math.h"
 
 /* ---------------------------------------------------------------------------------------
  * Ordering candidates: a binary heap keyed on val[], usable as a bounded top-k selector
@@ -113,11 +107,8 @@ static void apply_penalties(float *val, uint32_t vocab, const BkSampling *s, con
                 int32_t id = history[i];
                 if (id < 0 || (uint32_t) id >= vocab || count[id] == 0)
                         continue;
-                if (s->repetition_penalty > 0.0f && s->repetition_penalty != 1.0f)
-                        val[id] = val[id] > 0.0f ? val[id] / s->repetition_penalty
-                                                 : val[id] * s->repetition_penalty;
-                val[id] -= s->presence_penalty;
-                val[id] -= s->frequency_penalty * (float) count[id];
+                val[id] = sm_penalize(val[id], (uint32_t) count[id], s->repetition_penalty,
+                        s->presence_penalty, s->frequency_penalty);
                 count[id] = 0;
         }
 }
@@ -132,15 +123,22 @@ static int32_t argmax(const float *val, uint32_t vocab)
         return best;
 }
 
+static int cmp_id(const void *a, const void *b)
+{
+        int32_t x = *(const int32_t *) a, y = *(const int32_t *) b;
+        return (x > y) - (x < y);
+}
+
 int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, const int32_t *history,
         uint32_t n_history, uint64_t draw, float *scratch_f, int32_t *scratch_i)
 {
-        float *val = scratch_f;   /* (vocab) logits, then probabilities, indexed by id */
+        float *val = scratch_f;   /* (vocab) penalized logits, indexed by id */
         int32_t *ids = scratch_i; /* (vocab) the candidates still in play */
-        uint32_t n = vocab;
-        bool sorted = false;
+        float temp = s->temperature;
+        uint32_t n = 0;
+        bool by_id = true; /* ids[] ascending; else best first */
 
-        assert(logits && s && vocab > 0 && scratch_f && scratch_i);
+        assert(logits && s && vocab > 0 && vocab <= SM_VOCAB_MAX && scratch_f && scratch_i);
         assert(history || n_history == 0);
 
         for (uint32_t i = 0; i < vocab; i++)
@@ -149,54 +147,53 @@ int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, cons
         /* penalties */
         apply_penalties(val, vocab, s, history, n_history, ids);
 
-        /* greedy */
-        if (s->temperature <= 0.0f)
-                return argmax(val, vocab);
+        /* greedy, and rows no weight can be computed for (an infinite largest logit) */
+        int32_t best = argmax(val, vocab);
+        float max = val[best];
+        if (temp <= 0.0f || !isfinite(max))
+                return best;
 
+        /* temperature: the candidates of nonzero weight (the likeliest weighs SM_ONE) */
         for (uint32_t i = 0; i < vocab; i++)
-                ids[i] = (int32_t) i;
+                if (sm_weight(val[i], max, temp) > 0)
+                        ids[n++] = (int32_t) i;
 
-        /* top-k */
+        /* top-k among them */
         if (s->top_k > 0 && s->top_k < n) {
                 select_top_k(val, ids, n, s->top_k);
                 n = s->top_k;
-                sorted = true;
+                by_id = false;
         }
 
-        /* temperature and softmax */
-        float max = val[ids[0]];
-        for (uint32_t j = 1; j < n; j++)
-                max = fmaxf(max, val[ids[j]]);
-        double sum = 0.0;
-        for (uint32_t j = 0; j < n; j++) {
-                float p = expf((val[ids[j]] - max) / s->temperature);
-                val[ids[j]] = p;
-                sum += p;
-        }
-        for (uint32_t j = 0; j < n; j++)
-                val[ids[j]] = (float) (val[ids[j]] / sum);
-
-        /* top-p: the smallest best-first prefix whose mass reaches top_p */
+        /* top-p: the smallest best-first prefix whose weight reaches top_p of the total */
         if (s->top_p > 0.0f && s->top_p < 1.0f && n > 1) {
-                /* A candidate below (1 - top_p) / (n - 1) can never be in the prefix: all
-                 * of them together weigh less than 1 - top_p (llama2.c's sample_topp). The
-                 * likeliest one, of probability 1 / sum, is always kept. */
-                if (!sorted) {
-                        float cutoff =
-                                fminf((1.0f - s->top_p) / (float) (n - 1), (float) (1.0 / sum));
+                uint64_t total = 0, cum = 0;
+                for (uint32_t j = 0; j < n; j++)
+                        total += sm_weight(val[ids[j]], max, temp);
+                uint64_t need = sm_top_p_need(s->top_p, total);
+                if (by_id) {
+                        /* The candidates lighter than c weigh less than total - need
+                         * together, so the others reach need, and so does everything at
+                         * or above the least logit among them: the prefix lies there
+                         * (llama2.c's sample_topp cutoff, taken to logits so that it holds
+                         * whether or not weights fall with the logit). */
+                        uint64_t c = (total - need) / (n - 1);
+                        float least = max;
+                        for (uint32_t j = 0; j < n; j++)
+                                if (sm_weight(val[ids[j]], max, temp) >= c)
+                                        least = fminf(least, val[ids[j]]);
                         uint32_t kept = 0;
                         for (uint32_t j = 0; j < n; j++)
-                                if (val[ids[j]] >= cutoff)
+                                if (val[ids[j]] >= least)
                                         ids[kept++] = ids[j];
                         n = kept;
                         sort_best_first(val, ids, n);
-                        sorted = true;
                 }
-                double cum = 0.0;
+                by_id = false;
                 uint32_t keep = n;
                 for (uint32_t j = 0; j < n; j++) {
-                        cum += val[ids[j]];
-                        if (cum >= s->top_p) {
+                        cum += sm_weight(val[ids[j]], max, temp);
+                        if (cum >= need) {
                                 keep = j + 1;
                                 break;
                         }
@@ -206,27 +203,25 @@ int32_t bk_sample(const float *logits, uint32_t vocab, const BkSampling *s, cons
 
         /* min-p: drop candidates less likely than min_p times the likeliest */
         if (s->min_p > 0.0f) {
-                float pmax = 0.0f;
-                for (uint32_t j = 0; j < n; j++)
-                        pmax = fmaxf(pmax, val[ids[j]]);
-                float floor_p = s->min_p * pmax;
+                double floor_w = sm_min_p_floor(s->min_p);
                 uint32_t kept = 0;
                 for (uint32_t j = 0; j < n; j++)
-                        if (val[ids[j]] >= floor_p)
+                        if ((double) sm_weight(val[ids[j]], max, temp) >= floor_w)
                                 ids[kept++] = ids[j];
                 n = kept;
         }
 
-        /* renormalize and draw */
-        double total = 0.0;
+        /* the draw: inverse CDF over the kept ids in ascending id order */
+        if (!by_id)
+                qsort(ids, n, sizeof(*ids), cmp_id);
+        uint64_t total = 0, cum = 0;
         for (uint32_t j = 0; j < n; j++)
-                total += val[ids[j]];
-        double target = sample_uniform(s->seed, draw) * total;
-        double cum = 0.0;
+                total += sm_weight(val[ids[j]], max, temp);
+        uint64_t target = sm_target(philox_draw(s->seed, draw), total);
         for (uint32_t j = 0; j < n; j++) {
-                cum += val[ids[j]];
-                if (target < cum)
+                cum += sm_weight(val[ids[j]], max, temp);
+                if (cum > target)
                         return ids[j];
         }
-        return ids[n - 1]; /* rounding left target at the very top */
+        return best; /* unreachable with exact sums: the likeliest is always kept */
 }

@@ -13,9 +13,11 @@
  * A step made only of single-token decodes replays a CUDA graph captured once per batch
  * bucket (1, 2, 4, ...): the step's metadata (tokens, positions, slots, block tables,
  * attention items) goes up in one copy into a buffer the graph reads, padded rows write
- * their K/V into a spare block nobody owns, and only ids come back. Greedy rows are
- * sampled on the GPU (argmax); rows with temperature or penalties copy their logits row
- * to the host and go through bk_sample.
+ * their K/V into a spare block nobody owns, and only ids come back. Every logits row is
+ * sampled on the GPU (cuda_sample.cu) with bk_sample's decision: the rows' sampling
+ * parameters and penalty lists go up with the step into buffers the graphs read too. Only
+ * a row whose penalty list does not fit PEN_MAX copies its logits to the host and goes
+ * through bk_sample there.
  *
  * Attention: a sequence bringing more than one token (a prefill chunk) goes through the
  * tensor-core flash kernel (cuda_flash.cu) when it takes the head size, other rows through
@@ -37,6 +39,7 @@ extern "C" {
 #include "half.h"
 }
 #include "cuda_deepseek.cuh"
+#include "sample_math.h"
 
 /* Rows above which a linear goes through cuBLAS instead of the GEMV. */
 #define GEMV_MAX_ROWS 16
@@ -50,6 +53,7 @@ extern "C" {
 #define BLAS_WS     (32u << 20)
 /* kv_a_layernorm and q_a_layernorm: DeepSeek's modeling code fixes their epsilon. */
 #define MLA_NORM_EPS 1e-6f
+#define PEN_MAX     (1u << 20) /* (id, count) penalty pairs of one tile */
 
 /* DeepSeek: qkv is q_proj | kv_a_proj_with_mqa, or q_a_proj | kv_a_proj_with_mqa with q
  * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
@@ -123,6 +127,13 @@ struct Backend {
         float *row_h, *sample_f;
         int32_t *sample_i;
         Row rows[TILE_ROWS];
+
+        /* sampling: (TILE_OUT) parameters then (PEN_MAX) penalty pairs, pinned and on the
+         * device; the raw logits under the penalties while the kernel runs */
+        CuSampleParams *samp_h, *samp_d;
+        uint2 *pen_h, *pen_d;
+        float *pen_saved;
+        bool host_row[TILE_OUT]; /* logits rows sampled on the host */
 
         /* paged KV cache: (layer, block, block_tokens, kv_dim), block n_blocks is the pad */
         __half *kc, *vc;
@@ -257,12 +268,13 @@ static void weights_free(Backend *b)
         dfree(b->final_norm);
         dfree(b->inv_freq);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
-                b->w16, b->ids_d, b->meta_d, b->qn, b->xq, b->olat, b->epart, b->edpart, b->ehb,
-                b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
+                b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->qn, b->xq, b->olat,
+                b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
         cudaFreeHost(b->ids_h);
+        cudaFreeHost(b->samp_h);
         free(b->row_h);
         free(b->sample_f);
         free(b->sample_i);
@@ -277,6 +289,9 @@ static void weights_free(Backend *b)
         b->ridx = b->eids = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
         b->ids_h = NULL;
+        b->samp_h = b->samp_d = NULL;
+        b->pen_h = b->pen_d = NULL;
+        b->pen_saved = NULL;
         b->row_h = b->sample_f = NULL;
         b->sample_i = NULL;
         b->model = NULL;
@@ -540,6 +555,29 @@ static int model_check(const BkModel *m, DsError *err)
         return 0;
 }
 
+/* The sampling buffers, for the TILE_OUT logits rows of a tile. */
+static int sample_alloc(Backend *b, DsError *err)
+{
+        const BkConfig *c = &b->cfg;
+
+        if (c->vocab_sample > SM_VOCAB_MAX)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "cuda backend: %u sampled ids, the sampler takes at most %u",
+                        c->vocab_sample, SM_VOCAB_MAX);
+        size_t samp_bytes = TILE_OUT * sizeof(CuSampleParams) + (size_t) PEN_MAX * sizeof(uint2);
+        DALLOC(b->samp_d, samp_bytes, "sampling parameters");
+        DALLOC(b->pen_saved, (size_t) PEN_MAX * 4, "penalized logits");
+        CU_TRY(cudaMallocHost((void **) &b->samp_h, samp_bytes), "pinned sampling parameters");
+        b->pen_h = (uint2 *) (b->samp_h + TILE_OUT);
+        b->pen_d = (uint2 *) (b->samp_d + TILE_OUT);
+        b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
+        b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
+        b->sample_i = (int32_t *) malloc((size_t) c->vocab_size * 4);
+        if (!b->row_h || !b->sample_f || !b->sample_i)
+                return ds_error(err, -ENOMEM, "cuda backend: out of memory for sampling");
+        return 0;
+}
+
 static int scratch_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -620,12 +658,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 .out_row = m + 4 + 6 * R,
         };
         b->flash_tasks = m + 4 + 7 * R;
-        b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
-        b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
-        b->sample_i = (int32_t *) malloc((size_t) c->vocab_size * 4);
-        if (!b->row_h || !b->sample_f || !b->sample_i)
-                return ds_error(err, -ENOMEM, "cuda backend: out of memory for sampling");
-        return 0;
+        return sample_alloc(b, err);
 }
 
 /* kv_b_proj → W_UK and W_UV (cuda_deepseek.cuh), through an FP16 copy of the matrix. */
@@ -971,7 +1004,7 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 }
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
- * logits of the n_out rows of meta.out_row in b->logits and their argmax in b->ids_d.
+ * logits of the n_out rows of meta.out_row in b->logits and their sampled ids in b->ids_d.
  * att_grid: blocks along attention items. */
 static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid)
 {
@@ -1022,9 +1055,10 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, b->final_norm, b->xn,
                 n_out, H, c->rms_eps, b->meta.out_row, false);
 
-        /* lm_head (one slice: it is wide enough) and greedy ids */
+        /* lm_head (one slice: it is wide enough) and sampling */
         linear(b, &b->lm_head, b->xn, n_out, b->logits);
-        cu_argmax(b->st, b->logits, n_out, c->vocab_size, c->vocab_sample, b->ids_d);
+        cu_sample(b->st, b->logits, n_out, c->vocab_size, c->vocab_sample, b->samp_d, b->pen_d,
+                b->pen_saved, b->ids_d);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1166,13 +1200,90 @@ static int plan_finish(Backend *b, const Plan *p, DsError *err)
         return 0;
 }
 
-static bool needs_host_sampling(const BkSeq *s)
+static bool has_penalties(const BkSeq *s)
 {
         const BkSampling *p = &s->sampling;
-        bool penalties = s->n_history > 0 &&
-                         ((p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) ||
-                                 p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
-        return p->temperature > 0.0f || penalties;
+        return s->n_history > 0 &&
+               ((p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) ||
+                       p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
+}
+
+/* Appends s's penalty list, its distinct sampled ids with their counts, at *n_pen; false
+ * (nothing appended) when it would pass PEN_MAX. b->sample_i counts, as in bk_sample. */
+static bool pen_list(Backend *b, const BkSeq *s, uint32_t *n_pen)
+{
+        int32_t *count = b->sample_i;
+        uint32_t vocab = b->cfg.vocab_sample, n = *n_pen;
+        bool fits = true;
+
+        for (uint32_t i = 0; i < s->n_history; i++)
+                if (s->history[i] >= 0 && (uint32_t) s->history[i] < vocab)
+                        count[s->history[i]] = 0;
+        for (uint32_t i = 0; i < s->n_history; i++)
+                if (s->history[i] >= 0 && (uint32_t) s->history[i] < vocab)
+                        count[s->history[i]]++;
+        for (uint32_t i = 0; i < s->n_history; i++) {
+                int32_t id = s->history[i];
+                if (id < 0 || (uint32_t) id >= vocab || count[id] == 0)
+                        continue;
+                fits = fits && n < PEN_MAX;
+                if (fits)
+                        b->pen_h[n++] = make_uint2((uint32_t) id, (uint32_t) count[id]);
+                count[id] = 0;
+        }
+        if (fits)
+                *n_pen = n;
+        return fits;
+}
+
+/* Fills and uploads the sampling parameters of the tile's n_out logits rows, of which
+ * those among the first live rows of b->rows belong to sequences (the others, graph
+ * padding, are greedy). */
+static int sample_upload(Backend *b, const Plan *p, const BkSeq *seqs, uint32_t live,
+        DsError *err)
+{
+        uint32_t j = 0, n_pen = 0, n_out = MAX(p->n_out, 1u);
+
+        for (uint32_t r = 0; r < live; r++) {
+                const Row *row = &b->rows[r];
+                const BkSeq *s = &seqs[row->seq];
+                if (!row->logits)
+                        continue;
+                CuSampleParams *q = &b->samp_h[j];
+                *q = (CuSampleParams){};
+                b->host_row[j] = false;
+                if (s->sample && row->pos == s->pos + s->n_tokens - 1) {
+                        const BkSampling *sp = &s->sampling;
+                        uint32_t pen_off = n_pen;
+                        if (has_penalties(s) && !pen_list(b, s, &n_pen)) {
+                                b->host_row[j++] = true;
+                                continue;
+                        }
+                        *q = (CuSampleParams){
+                                .temperature = sp->temperature,
+                                .top_k = sp->top_k,
+                                .top_p = sp->top_p,
+                                .min_p = sp->min_p,
+                                .repetition = sp->repetition_penalty,
+                                .presence = sp->presence_penalty,
+                                .frequency = sp->frequency_penalty,
+                                .pen_off = pen_off,
+                                .pen_n = n_pen - pen_off,
+                                .seed = sp->seed,
+                                .draw = s->draw,
+                        };
+                }
+                j++;
+        }
+        for (; j < n_out; j++) {
+                b->samp_h[j] = (CuSampleParams){};
+                b->host_row[j] = false;
+        }
+        size_t bytes = n_pen ? TILE_OUT * sizeof(CuSampleParams) + (size_t) n_pen * sizeof(uint2)
+                             : n_out * sizeof(CuSampleParams);
+        CU_TRY(cudaMemcpyAsync(b->samp_d, b->samp_h, bytes, cudaMemcpyHostToDevice, b->st),
+                "sampling parameters");
+        return 0;
 }
 
 /* Copies ids and wanted logits back after a tile of p->rows rows, and samples. */
@@ -1196,8 +1307,12 @@ static int tile_outputs(Backend *b, const Plan *p, const BkSeq *seqs, int32_t *r
                         CU_TRY(cudaMemcpy(s->logits + (size_t) (row->pos - s->pos) * c->vocab_size,
                                        lg, (size_t) c->vocab_size * 4, cudaMemcpyDeviceToHost),
                                 "logits");
+                if (s->sample && last && s->sample_logits)
+                        CU_TRY(cudaMemcpy(s->sample_logits, lg, (size_t) c->vocab_size * 4,
+                                       cudaMemcpyDeviceToHost),
+                                "logits");
                 if (s->sample && last) {
-                        if (!needs_host_sampling(s))
+                        if (!b->host_row[j])
                                 ret_ids[row->seq] = b->ids_h[j];
                         else {
                                 CU_TRY(cudaMemcpy(b->row_h, lg, (size_t) c->vocab_size * 4,
@@ -1229,6 +1344,8 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
         if (p->n_out == 0)
                 meta_arr(b, 6)[0] = 0;
         int r = plan_finish(b, p, err);
+        if (r == 0)
+                r = sample_upload(b, p, seqs, p->rows, err);
         if (r < 0)
                 return r;
         forward(b, p->rows, MAX(p->n_out, 1u), p->n_items);
@@ -1292,6 +1409,8 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
                 p.rows = bucket;
         }
         int r = plan_finish(b, &p, err);
+        if (r == 0)
+                r = sample_upload(b, &p, seqs, n, err);
         if (r < 0)
                 return r;
 
@@ -1755,5 +1874,88 @@ extern "C" int cuda_test_moe_route(const BkMoeConfig *mc, const float *logits, c
         dfree(bd);
         dfree(wd);
         dfree(id);
+        return r;
+}
+
+extern "C" int cuda_test_sample(const float *logits, uint32_t rows, uint32_t vocab,
+        const BkSeq *seqs, bool graph, int32_t *ids, float *logits_after, DsError *err)
+{
+        Backend *b = NULL;
+        cudaGraphExec_t exec = NULL;
+        size_t bytes = (size_t) rows * vocab * 4;
+
+        if (rows == 0 || rows > TILE_OUT)
+                return ds_error(err, -EINVAL, "test sample: %u rows, 1 to %u", rows, TILE_OUT);
+        /* Only what sampling uses: no cuBLAS, no weights. */
+        b = (Backend *) calloc(1, sizeof(*b));
+        if (!b)
+                return ds_error(err, -ENOMEM, "test sample: out of memory");
+        cudaError_t e = cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+                free(b);
+                return cuda_fail(err, e, "test sample stream");
+        }
+        b->cfg.vocab_size = b->cfg.vocab_sample = vocab;
+        int r = sample_alloc(b, err);
+        if (r == 0)
+                r = dalloc((void **) &b->logits, bytes, "test logits", err);
+        if (r == 0)
+                r = dalloc((void **) &b->ids_d, TILE_OUT * 4, "test ids", err);
+        if (r == 0)
+                r = cudaMallocHost((void **) &b->ids_h, TILE_OUT * 4) == cudaSuccess
+                            ? 0
+                            : ds_error(err, -ENOMEM, "test sample: pinned ids");
+        if (r == 0 && graph) {
+                /* Captured before the parameters go up: a replay reads them afresh. */
+                cudaGraph_t g;
+                e = cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal);
+                cu_sample(b->st, b->logits, rows, vocab, vocab, b->samp_d, b->pen_d, b->pen_saved,
+                        b->ids_d);
+                if (e == cudaSuccess)
+                        e = cudaStreamEndCapture(b->st, &g);
+                if (e == cudaSuccess) {
+                        e = cudaGraphInstantiate(&exec, g, 0);
+                        cudaGraphDestroy(g);
+                }
+        }
+        if (r == 0 && e == cudaSuccess) {
+                Plan p = plan_new(rows);
+                p.rows = p.n_out = rows;
+                for (uint32_t i = 0; i < rows; i++)
+                        b->rows[i] = (Row){
+                                .seq = i, .pos = seqs[i].pos + seqs[i].n_tokens - 1, .logits = true};
+                e = cudaMemcpyAsync(b->logits, logits, bytes, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        r = sample_upload(b, &p, seqs, rows, err);
+                if (r == 0 && e == cudaSuccess) {
+                        if (exec)
+                                e = cudaGraphLaunch(exec, b->st);
+                        else
+                                cu_sample(b->st, b->logits, rows, vocab, vocab, b->samp_d,
+                                        b->pen_d, b->pen_saved, b->ids_d);
+                }
+                if (r == 0 && e == cudaSuccess)
+                        e = cudaMemcpyAsync(b->ids_h, b->ids_d, rows * 4, cudaMemcpyDeviceToHost,
+                                b->st);
+                if (r == 0 && e == cudaSuccess && logits_after)
+                        e = cudaMemcpyAsync(logits_after, b->logits, bytes, cudaMemcpyDeviceToHost,
+                                b->st);
+                if (r == 0 && e == cudaSuccess)
+                        e = cudaStreamSynchronize(b->st);
+                for (uint32_t i = 0; r == 0 && e == cudaSuccess && i < rows; i++)
+                        ids[i] = b->host_row[i]
+                                         ? bk_sample(logits + (size_t) i * vocab, vocab,
+                                                   &seqs[i].sampling, seqs[i].history,
+                                                   seqs[i].n_history, seqs[i].draw, b->sample_f,
+                                                   b->sample_i)
+                                         : b->ids_h[i];
+        }
+        if (r == 0 && e != cudaSuccess)
+                r = cuda_fail(err, e, "test sample");
+        if (exec)
+                cudaGraphExecDestroy(exec);
+        weights_free(b);
+        cudaStreamDestroy(b->st);
+        free(b);
         return r;
 }

@@ -67,6 +67,13 @@ typedef struct CudaNormTest {
 int cuda_test_add_norm(
         const CudaNormTest *t, float *x_out, uint16_t *xn_out, bool *same, DsError *err);
 
+/* Test hook: ids[i] = the device's sampling decision for row i of logits (rows <= 256 rows
+ * of vocab floats, all of them sampled ids) under seqs[i]'s sampling, history and draw,
+ * through the upload a step makes; from a CUDA graph captured before the upload when
+ * graph. logits_after (or NULL) gets the rows as the kernel leaves them. */
+int cuda_test_sample(const float *logits, uint32_t rows, uint32_t vocab, const BkSeq *seqs,
+        bool graph, int32_t *ids, float *logits_after, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

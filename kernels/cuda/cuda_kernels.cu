@@ -763,7 +763,7 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
 }
 
 /* ---------------------------------------------------------------------------------------
- * Conversions, argmax */
+ * Conversions */
 
 __global__ void k_to_half(const float *x, __half *y, size_t n)
 {
@@ -780,46 +780,3 @@ void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n)
         k_to_half<<<(unsigned) blocks, 256, 0, st>>>(x, y, n);
 }
 
-/* One block per row; (value, id) pairs ordered by larger value, then lower id, as
- * bk_sample's argmax. */
-__global__ void k_argmax(const float *logits, uint32_t ld, uint32_t vocab, int32_t *ids)
-{
-        __shared__ float bv[32];
-        __shared__ int32_t bi[32];
-        const float *row = logits + (size_t) blockIdx.x * ld;
-        float best = -INFINITY;
-        int32_t id = 0x7fffffff;
-
-        for (uint32_t i = threadIdx.x; i < vocab; i += blockDim.x)
-                if (row[i] > best || id == 0x7fffffff) {
-                        best = row[i];
-                        id = (int32_t) i;
-                }
-        for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, best, o);
-                int32_t oi = __shfl_xor_sync(0xffffffffu, id, o);
-                if (ov > best || (ov == best && oi < id)) {
-                        best = ov;
-                        id = oi;
-                }
-        }
-        if (threadIdx.x % 32 == 0) {
-                bv[threadIdx.x / 32] = best;
-                bi[threadIdx.x / 32] = id;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-                for (uint32_t w = 1; w < blockDim.x / 32; w++)
-                        if (bv[w] > best || (bv[w] == best && bi[w] < id)) {
-                                best = bv[w];
-                                id = bi[w];
-                        }
-                ids[blockIdx.x] = id;
-        }
-}
-
-void cu_argmax(cudaStream_t st, const float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
-        int32_t *ids)
-{
-        k_argmax<<<rows, 1024, 0, st>>>(logits, ld, vocab, ids);
-}

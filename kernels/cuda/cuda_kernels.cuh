@@ -97,9 +97,23 @@ void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice
 /* Float32 to FP16, n elements. */
 void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
 
-/* ids[j] = argmax of logits row j over the first vocab ids (lowest id on a tie). */
-void cu_argmax(cudaStream_t st, const float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
-        int32_t *ids);
+/* One logits row's sampling request, uploaded with the step (kernels/sample.c decides
+ * alike): temperature 0 is greedy. The row's penalties are pen_n (id, count) pairs of
+ * distinct ids at pen_off of the step's penalty list. */
+typedef struct CuSampleParams {
+        float temperature;
+        uint32_t top_k;
+        float top_p, min_p;
+        float repetition, presence, frequency;
+        uint32_t pen_off, pen_n;
+        uint64_t seed, draw;
+} CuSampleParams;
+
+/* ids[j] = the sampling decision of logits row j over the first vocab ids, with the
+ * penalties applied to the row in place and undone before it returns (pen_saved holds the
+ * raw values meanwhile, one per penalty pair). One block per row. */
+void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
+        const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids);
 
 /* ---------------------------------------------------------------------------------------
  * cuda_gemv.cu */

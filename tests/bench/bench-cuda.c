@@ -12,7 +12,8 @@
  * prints as 0. Prefill 512 still runs when a decode batch is asked for: it fills the
  * shared prefix. Each phase is an NVTX range of its name (ncu --nvtx --nvtx-include
  * "b1/"), and DSD_BENCH_DEVICE is passed as BkOptions.device ("eager" for per-kernel
- * profiling). */
+ * profiling). DSD_BENCH_SAMPLING (any value) makes decode steps sample with temperature
+ * 0.8 and top-p 0.9 instead of greedily, to price sampling on the device. */
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdbool.h>
@@ -30,6 +31,14 @@
 #define DECODE  24
 #define WARMUP  3
 #define PRIVATE 4 /* blocks of decoded positions per sequence */
+
+/* Sequence s's sampling in decode steps (see DSD_BENCH_SAMPLING). */
+static BkSampling decode_sampling(uint32_t s)
+{
+        if (!getenv("DSD_BENCH_SAMPLING"))
+                return (BkSampling){.repetition_penalty = 1};
+        return (BkSampling){.temperature = 0.8f, .top_p = 0.9f, .repetition_penalty = 1, .seed = s};
+}
 
 /* True when phase (e.g. "b64") is to run: DSD_BENCH_ONLY unset, or naming it. */
 static bool phase_on(const char *phase)
@@ -245,7 +254,8 @@ int main(int argc, char **argv)
                                         .blocks = &tables[s * blocks_per_seq],
                                         .n_blocks = blocks_per_seq,
                                         .sample = true,
-                                        .sampling = {.repetition_penalty = 1}};
+                                        .sampling = decode_sampling(s),
+                                        .draw = (uint64_t) step};
                         double s0 = now_s();
                         CHECK(ops->step(b, q, n, ids, &err) == 0, "%s", err.msg);
                         if (step >= WARMUP)
@@ -266,6 +276,8 @@ int main(int argc, char **argv)
         printf("| device copy bandwidth (read+write) | %.0f GB/s |\n", bw / 1e9);
         printf("| prefill 512 | %.1f ms, %.0f tok/s |\n", pf[0] * 1e3, pf_tps[0]);
         printf("| prefill 2048 = TTFT@2048 | %.1f ms, %.0f tok/s |\n", pf[1] * 1e3, pf_tps[1]);
+        printf("| decode sampling | %s |\n",
+                getenv("DSD_BENCH_SAMPLING") ? "temperature 0.8, top-p 0.9" : "greedy");
         for (size_t k = 0; k < ELEMENTSOF(batches); k++)
                 printf("| decode batch %u, ctx %u | %.3f ms/step, %.0f tok/s |\n", batches[k], CTX,
                         dec_ms[k], dec[k]);

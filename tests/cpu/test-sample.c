@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /* bk_sample on hand-built logits: greedy and its tie rule, the candidate set each filter
  * keeps, the distribution it draws from, the (seed, draw) determinism, padding ids, and
- * the three penalties. */
+ * the three penalties; Philox4x32-10 against Random123's known answers, the draw against
+ * a direct computation from them, and the sampler's exponential against exp(). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "backend.h"
+#include "philox.h"
+#include "sample_math.h"
 #include "test_util.h"
 
 #define VOCAB_MAX 256
@@ -214,8 +217,96 @@ static void test_penalties(void)
         CHECK(sample(pos, 3, &s, (const int32_t[]){0}, 1, 5) == 1, "penalty before top-k");
 }
 
+/* Philox4x32-10 known answers from Random123's kat_vectors file (D. E. Shaw Research),
+ * as quoted in DEShawResearch/fs123, core123/ut/ut_philox.cpp, test_kat_philox4x32:
+ * counter, key, result; the third is the digits of pi. */
+static void test_philox_kat(void)
+{
+        static const uint32_t kat[3][10] = {
+                {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+                {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d,
+                        0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+                {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09,
+                        0x94fdcceb, 0x5001e420, 0x24126ea1},
+        };
+
+        for (int v = 0; v < 3; v++) {
+                uint32_t ctr[4] = {kat[v][0], kat[v][1], kat[v][2], kat[v][3]};
+                philox4x32_10(ctr, &kat[v][4]);
+                for (int i = 0; i < 4; i++)
+                        CHECK(ctr[i] == kat[v][6 + i], "Philox KAT %d word %d: %08x, want %08x", v,
+                                i, ctr[i], kat[v][6 + i]);
+        }
+        /* philox_draw is counter (draw, 0, 0, 0) under key seed, first two words. */
+        uint64_t r = philox_draw(0, 0);
+        CHECK(r == (0x6627e8d5u | (uint64_t) 0xe169c58du << 32), "philox_draw(0, 0) %016llx",
+                (unsigned long long) r);
+}
+
+/* On flat logits every candidate weighs the same, so the draw-th id is
+ * floor(n * u) with u the draw's 64 random bits as a fraction of 2^64. */
+static void test_draw_reference(void)
+{
+        const uint32_t n = 37;
+        float flat[37];
+        BkSampling s = plain(1);
+
+        for (uint32_t i = 0; i < n; i++)
+                flat[i] = 0.25f;
+        s.seed = 0x0123456789abcdefu;
+        for (uint64_t d = 0; d < 2000; d++) {
+                uint32_t ctr[4] = {(uint32_t) d, (uint32_t) (d >> 32), 0, 0};
+                const uint32_t key[2] = {(uint32_t) s.seed, (uint32_t) (s.seed >> 32)};
+                philox4x32_10(ctr, key);
+                /* n * u = n * (hi 2^32 + lo) / 2^64, with the products split to stay exact */
+                uint64_t lo = (uint64_t) n * ctr[0], hi = (uint64_t) n * ctr[1] + (lo >> 32);
+                int32_t want = (int32_t) (hi >> 32);
+                CHECK(sample(flat, n, &s, NULL, 0, d) == want, "draw %llu: %d, want %d",
+                        (unsigned long long) d, sample(flat, n, &s, NULL, 0, d), want);
+        }
+}
+
+static void check_exp_at(float x, double *worst, uint64_t *prev)
+{
+        double want = exp((double) x), got = sm_exp(x);
+        uint64_t w = sm_weight(x, 0.0f, 1.0f);
+
+        *worst = fmax(*worst, fabs(got - want) / want);
+        CHECK(w <= *prev, "weight rises from %llu to %llu at %a", (unsigned long long) *prev,
+                (unsigned long long) w, x);
+        *prev = w;
+}
+
+/* The sampler's exponential: within 2 ulp of exp() over its range, exactly 1 at 0, and
+ * weights that never rise as the logit falls, checked every 1e-5 and on every float
+ * around the points where the range reduction steps (odd multiples of ln2 / 2). */
+static void test_exp(void)
+{
+        double worst = 0;
+        uint64_t prev = UINT64_MAX;
+
+        CHECK(sm_exp(0.0f) == 1.0f && sm_exp(-0.0f) == 1.0f, "exp(0) is not 1");
+        for (uint32_t i = 0; i <= 2400000; i++)
+                check_exp_at((float) i * -1e-5f, &worst, &prev);
+        for (int k = 1; k < 70; k += 2) {
+                float x = (float) (-k * 0.34657359027997264);
+                for (int i = 0; i < 4000; i++)
+                        x = nextafterf(x, 0.0f);
+                prev = UINT64_MAX;
+                for (int i = 0; i < 8000; i++, x = nextafterf(x, -INFINITY))
+                        check_exp_at(x, &worst, &prev);
+        }
+        CHECK(worst < 2.5e-7, "exp relative error %.3g", worst);
+        CHECK(sm_weight(SM_X_MIN - 0.5f, 0.0f, 1.0f) == 0 && sm_weight(NAN, 0.0f, 1.0f) == 0,
+                "weight below the range");
+        printf("sm_exp: worst relative error %.3g\n", worst);
+}
+
 int main(void)
 {
+        test_philox_kat();
+        test_draw_reference();
+        test_exp();
         test_greedy();
         test_top_k_one_is_greedy();
         test_filters();

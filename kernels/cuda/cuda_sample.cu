@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: MIT */
+/* Sampling on the device: one block per logits row makes bk_sample's decision
+ * (kernels/sample.c) from the row in place, so only ids cross to the host.
+ *
+ * Nothing is sorted. The candidate order is (logit descending, id ascending) and every
+ * filter that cuts it (top-k's k-th candidate, top-p's last) is found by a weighted
+ * select: the first candidate in that order at which the running count or weight exceeds
+ * a target. A select is a histogram pass over buckets of the scaled logit
+ * (logit - max) / temperature, which spreads a real row's candidates, then three radix
+ * passes over the float's bits inside the chosen bucket, then, only when several
+ * candidates share the chosen logit, an id-ordered scan for the tie. The draw is an
+ * id-ordered inverse CDF. Weights and their sums are integers (sample_math.h), so every
+ * histogram and scan is exact whatever order the atomics land in: a non-monotonic prefix
+ * sum cannot happen, and the fallback to the likeliest id is a clamp that never fires. */
+#include <math.h>
+
+#include "cuda_kernels.cuh"
+#include "philox.h"
+#include "sample_math.h"
+
+#define THREADS 1024u
+#define WARPS   (THREADS / 32)
+#define BINS    2048u /* buckets of the scaled logit; also the widest radix digit */
+#define NONE    0xffffffffu
+#define FULL    0xffffffffu
+
+typedef unsigned long long u64;
+
+typedef struct Smem {
+        u64 hist[BINS];
+        uint32_t minid[BINS / 2]; /* the last radix digit has 10 bits */
+        u64 wsum[WARPS];
+        float bv[WARPS];
+        int32_t bi[WARPS];
+        uint32_t sel_bin, pick;
+        u64 sel_rem;
+} Smem;
+
+/* The filters found so far; a candidate is kept when it passes all that are on. */
+typedef struct Filter {
+        float max, temp;
+        float live; /* the least logit whose scaled logit reaches SM_X_MIN */
+        bool k_on, p_on, min_on;
+        float kv, pv;      /* the last kept candidate of top-k, top-p: logit ... */
+        uint32_t kid, pid; /* ... and id */
+        double min_w;
+} Filter;
+
+/* Float bits to an unsigned key in the floats' order (after -0 is made +0). */
+__device__ __forceinline__ uint32_t ord_of(float v)
+{
+        uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+        return u ^ (u >> 31 ? FULL : 0x80000000u);
+}
+
+__device__ __forceinline__ float val_of(uint32_t o)
+{
+        return __uint_as_float(o ^ (o >> 31 ? 0x80000000u : FULL));
+}
+
+/* The candidate's weight if every filter on keeps it, else 0. Most of a row lies below
+ * f.live and costs one comparison. */
+__device__ __forceinline__ u64 kept(const Filter &f, uint32_t i, float v)
+{
+        if (!(v >= f.live))
+                return 0;
+        u64 w = sm_weight(v, f.max, f.temp);
+        if (w == 0)
+                return 0;
+        if (f.k_on && !(v > f.kv || (v == f.kv && i <= f.kid)))
+                return 0;
+        if (f.p_on && !(v > f.pv || (v == f.pv && i <= f.pid)))
+                return 0;
+        if (f.min_on && !((double) w >= f.min_w))
+                return 0;
+        return w;
+}
+
+/* Bucket of a candidate at or above f.live, ascending as the logit descends: the scaled
+ * logit lies in [SM_X_MIN, 0], cut into BINS equal parts. Monotonic, as every step
+ * rounds. */
+__device__ __forceinline__ uint32_t bucket_of(const Filter &f, float v)
+{
+        float x = sm_scaled(v, f.max, f.temp);
+        uint32_t b = (uint32_t) SM_MUL(-x, (float) BINS / -SM_X_MIN);
+        return min(b, BINS - 1);
+}
+
+/* The least key in [lo, hi] whose logit passes pred, a predicate that holds from some key
+ * on up to hi (hi passes). Every thread computes it alike. */
+template <class Pred>
+__device__ uint32_t least_key(uint32_t lo, uint32_t hi, Pred pred)
+{
+        while (lo < hi) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                if (pred(val_of(mid)))
+                        hi = mid;
+                else
+                        lo = mid + 1;
+        }
+        return lo;
+}
+
+/* hist[bin] += add over the warp, one atomic per distinct bin; minid[bin] gets the least
+ * id when minid is given. Every lane calls it; bin NONE adds nothing. add < 2^35. */
+__device__ __forceinline__ void hist_add(u64 *hist, uint32_t *minid, uint32_t bin, u64 add,
+        uint32_t id)
+{
+        uint32_t peers = __match_any_sync(FULL, bin);
+        if (bin == NONE)
+                return;
+        uint32_t lo = __reduce_add_sync(peers, (uint32_t) (add & 0xffffff));
+        uint32_t hi = __reduce_add_sync(peers, (uint32_t) (add >> 24));
+        uint32_t mn = minid ? __reduce_min_sync(peers, id) : 0;
+        if (threadIdx.x % 32 == (uint32_t) (__ffs(peers) - 1)) {
+                atomicAdd(&hist[bin], ((u64) hi << 24) + lo);
+                if (minid)
+                        atomicMin(&minid[bin], mn);
+        }
+}
+
+/* Exclusive prefix of v over the block in thread order; *total gets the sum. */
+__device__ u64 block_scan(Smem &sm, u64 v, u64 *total)
+{
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        u64 incl = v;
+        for (uint32_t o = 1; o < 32; o <<= 1) {
+                u64 y = __shfl_up_sync(FULL, incl, o);
+                if (lane >= o)
+                        incl += y;
+        }
+        if (lane == 31)
+                sm.wsum[warp] = incl;
+        __syncthreads();
+        u64 pre = 0, all = 0;
+        for (uint32_t w = 0; w < WARPS; w++) {
+                pre += w < warp ? sm.wsum[w] : 0;
+                all += sm.wsum[w];
+        }
+        __syncthreads();
+        *total = all;
+        return pre + incl - v;
+}
+
+/* Over hist[0..nb) in ascending (or, reverse, descending) bin order: the first bin at
+ * which the running sum exceeds g, and g less the sum before it. With top_p > 0, g is
+ * top-p's need less one, from the total. False when the total does not exceed g. */
+__device__ bool scan_bins(Smem &sm, uint32_t nb, bool reverse, u64 g, float top_p,
+        uint32_t *ret_bin, u64 *ret_rem)
+{
+        uint32_t per = nb / THREADS, j0 = threadIdx.x * per;
+        u64 local = 0, total;
+        for (uint32_t j = j0; j < j0 + per; j++)
+                local += sm.hist[reverse ? nb - 1 - j : j];
+        u64 c = block_scan(sm, local, &total);
+        if (top_p > 0.0f)
+                g = sm_top_p_need(top_p, total) - 1;
+        if (total <= g)
+                return false;
+        if (c <= g && g < c + local)
+                for (uint32_t j = j0; j < j0 + per; j++) {
+                        uint32_t bin = reverse ? nb - 1 - j : j;
+                        if (g < c + sm.hist[bin]) {
+                                sm.sel_bin = bin;
+                                sm.sel_rem = g - c;
+                                break;
+                        }
+                        c += sm.hist[bin];
+                }
+        __syncthreads();
+        *ret_bin = sm.sel_bin;
+        *ret_rem = sm.sel_rem;
+        __syncthreads();
+        return true;
+}
+
+/* In ascending id order, the first id at which the running sum of weight(i, v) exceeds
+ * target(total), or NONE. Each warp sums a contiguous segment; the warp whose segment
+ * holds the target walks it 256 ids at a time, eight consecutive ids a lane. */
+template <class Weight, class Target>
+__device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Weight weight,
+        Target target_of)
+{
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        uint32_t seg = (vocab + WARPS * 256 - 1) / (WARPS * 256) * 256;
+        uint32_t lo = min(vocab, warp * seg), hi = min(vocab, lo + seg);
+
+        u64 s = 0;
+        for (uint32_t i = lo + lane; i < hi; i += 32)
+                s += weight(i, row[i]);
+        for (int o = 16; o > 0; o >>= 1)
+                s += __shfl_xor_sync(FULL, s, o);
+        if (lane == 0)
+                sm.wsum[warp] = s;
+        if (threadIdx.x == 0)
+                sm.pick = NONE;
+        __syncthreads();
+        u64 pre = 0, total = 0;
+        for (uint32_t w = 0; w < WARPS; w++) {
+                pre += w < warp ? sm.wsum[w] : 0;
+                total += sm.wsum[w];
+        }
+        u64 target = target_of(total);
+        if (target < total && pre <= target && target < pre + sm.wsum[warp]) {
+                u64 carry = pre;
+                for (uint32_t base = lo; base < hi; base += 256) {
+                        u64 w[8], ls = 0;
+                        uint32_t first = base + 8 * lane;
+#pragma unroll
+                        for (uint32_t j = 0; j < 8; j++) {
+                                w[j] = first + j < hi ? weight(first + j, row[first + j]) : 0;
+                                ls += w[j];
+                        }
+                        u64 incl = ls;
+                        for (uint32_t o = 1; o < 32; o <<= 1) {
+                                u64 y = __shfl_up_sync(FULL, incl, o);
+                                if (lane >= o)
+                                        incl += y;
+                        }
+                        u64 chunk = __shfl_sync(FULL, incl, 31);
+                        if (carry + chunk > target) {
+                                u64 cum = carry + incl - ls;
+                                if (cum <= target && target < carry + incl)
+#pragma unroll
+                                        for (uint32_t j = 0; j < 8; j++) {
+                                                cum += w[j];
+                                                if (cum > target) {
+                                                        sm.pick = first + j;
+                                                        break;
+                                                }
+                                        }
+                                break;
+                        }
+                        carry += chunk;
+                }
+        }
+        __syncthreads();
+        uint32_t pick = sm.pick;
+        __syncthreads();
+        return pick;
+}
+
+/* The kept candidate (*ret_v, *ret_id) at which, best first, the running count (count) or
+ * weight first exceeds g (top_p > 0: top-p's need less one). False when all kept
+ * candidates together do not exceed g. */
+__device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, const Filter &f, bool count,
+        u64 g, float top_p, float *ret_v, uint32_t *ret_id)
+{
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        uint32_t bucket, bin, prefix = 0;
+        u64 rem;
+
+        /* buckets of the scaled logit */
+        for (uint32_t j = threadIdx.x; j < BINS; j += THREADS)
+                sm.hist[j] = 0;
+        __syncthreads();
+        for (uint32_t base = warp * 32; base < vocab; base += THREADS) {
+                uint32_t i = base + lane, b = NONE;
+                u64 w = 0;
+                if (i < vocab) {
+                        float v = row[i];
+                        w = kept(f, i, v);
+                        if (w)
+                                b = bucket_of(f, v);
+                }
+                if (__any_sync(FULL, b != NONE))
+                        hist_add(sm.hist, NULL, b, count ? 1 : w, i);
+        }
+        __syncthreads();
+        if (!scan_bins(sm, BINS, false, g, top_p, &bucket, &rem))
+                return false;
+        /* the bucket's keys: the logits from its least up to the next bucket's least */
+        uint32_t top = ord_of(f.max), live = ord_of(f.live);
+        uint32_t key_lo = least_key(live, top, [&](float v) { return bucket_of(f, v) <= bucket; });
+        uint32_t key_hi = bucket == 0 ? top
+                                      : least_key(live, top, [&](float v) {
+                                                return bucket_of(f, v) <= bucket - 1;
+                                        }) - 1;
+
+        /* radix digits of the logit's bits within the bucket: 11, 11, 10 */
+        for (uint32_t level = 0; level < 3; level++) {
+                uint32_t width = level < 2 ? 11 : 10, shift = level == 0 ? 21 : level == 1 ? 10 : 0;
+                uint32_t nb = 1u << width;
+                uint32_t *minid = level == 2 ? sm.minid : NULL;
+                for (uint32_t j = threadIdx.x; j < nb; j += THREADS) {
+                        sm.hist[j] = 0;
+                        if (minid)
+                                minid[j] = NONE;
+                }
+                __syncthreads();
+                for (uint32_t base = warp * 32; base < vocab; base += THREADS) {
+                        uint32_t i = base + lane, b = NONE;
+                        u64 w = 0;
+                        if (i < vocab) {
+                                float v = row[i];
+                                uint32_t o = ord_of(v);
+                                if (o >= key_lo && o <= key_hi &&
+                                        (level == 0 || o >> (shift + width) == prefix)) {
+                                        w = kept(f, i, v);
+                                        if (w)
+                                                b = (o >> shift) & (nb - 1);
+                                }
+                        }
+                        if (__any_sync(FULL, b != NONE))
+                                hist_add(sm.hist, minid, b, count ? 1 : w, i);
+                }
+                __syncthreads();
+                scan_bins(sm, nb, true, rem, 0.0f, &bin, &rem);
+                prefix = prefix << width | bin;
+        }
+
+        /* the candidates of logit v weigh alike: the tie is the rem / weight-th by id */
+        float v = val_of(prefix);
+        u64 t = rem / (count ? 1 : sm_weight(v, f.max, f.temp));
+        uint32_t id = sm.minid[bin];
+        if (t > 0)
+                id = ordered_pick(
+                        sm, row, vocab,
+                        [&](uint32_t i, float x) -> u64 { return x == v && kept(f, i, x) ? 1 : 0; },
+                        [&](u64) { return t; });
+        *ret_v = v;
+        *ret_id = id;
+        return true;
+}
+
+/* Largest logit and its lowest id, as bk_sample's argmax. */
+__device__ void block_argmax(Smem &sm, const float *row, uint32_t vocab, float *ret_v,
+        int32_t *ret_id)
+{
+        float best = -INFINITY;
+        int32_t id = 0x7fffffff;
+
+        for (uint32_t i = threadIdx.x; i < vocab; i += THREADS)
+                if (row[i] > best || id == 0x7fffffff) {
+                        best = row[i];
+                        id = (int32_t) i;
+                }
+        for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(FULL, best, o);
+                int32_t oi = __shfl_xor_sync(FULL, id, o);
+                if (ov > best || (ov == best && oi < id)) {
+                        best = ov;
+                        id = oi;
+                }
+        }
+        if (threadIdx.x % 32 == 0) {
+                sm.bv[threadIdx.x / 32] = best;
+                sm.bi[threadIdx.x / 32] = id;
+        }
+        __syncthreads();
+        best = sm.bv[0];
+        id = sm.bi[0];
+        for (uint32_t w = 1; w < WARPS; w++)
+                if (sm.bv[w] > best || (sm.bv[w] == best && sm.bi[w] < id)) {
+                        best = sm.bv[w];
+                        id = sm.bi[w];
+                }
+        __syncthreads();
+        *ret_v = best;
+        *ret_id = id;
+}
+
+__global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, uint32_t vocab,
+        const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
+{
+        __shared__ Smem sm;
+        float *row = logits + (size_t) blockIdx.x * ld;
+        const CuSampleParams p = params[blockIdx.x];
+
+        /* penalties, in place: the ids are distinct; the raw logits come back below */
+        for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS) {
+                uint2 e = pen[p.pen_off + j];
+                float v = row[e.x];
+                pen_saved[p.pen_off + j] = v;
+                row[e.x] = sm_penalize(v, e.y, p.repetition, p.presence, p.frequency);
+        }
+        __syncthreads();
+
+        /* greedy, and rows no weight can be computed for */
+        float max;
+        int32_t best;
+        block_argmax(sm, row, vocab, &max, &best);
+        int32_t id = best;
+
+        if (p.temperature > 0.0f && isfinite(max)) {
+                Filter f = {};
+                f.max = max;
+                f.temp = p.temperature;
+                f.live = val_of(least_key(ord_of(-INFINITY), ord_of(max), [&](float v) {
+                        return sm_scaled(v, max, p.temperature) >= SM_X_MIN;
+                }));
+                if (p.top_k > 0 && p.top_k < vocab)
+                        f.k_on = weighted_select(sm, row, vocab, f, true, p.top_k - 1, 0.0f, &f.kv, &f.kid);
+                if (p.top_p > 0.0f && p.top_p < 1.0f)
+                        f.p_on = weighted_select(sm, row, vocab, f, false, 0, p.top_p, &f.pv, &f.pid);
+                f.min_on = p.min_p > 0.0f;
+                f.min_w = sm_min_p_floor(p.min_p);
+                uint64_t random = philox_draw(p.seed, p.draw);
+                uint32_t pick = ordered_pick(
+                        sm, row, vocab, [&](uint32_t i, float v) { return kept(f, i, v); },
+                        [&](u64 total) { return (u64) sm_target(random, total); });
+                if (pick < vocab)
+                        id = (int32_t) pick;
+        }
+
+        __syncthreads();
+        for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS)
+                row[pen[p.pen_off + j].x] = pen_saved[p.pen_off + j];
+        if (threadIdx.x == 0)
+                ids[blockIdx.x] = id;
+}
+
+void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
+        const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
+{
+        k_sample<<<rows, THREADS, 0, st>>>(logits, ld, vocab, params, pen, pen_saved, ids);
+}
