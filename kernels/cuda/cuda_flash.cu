@@ -18,7 +18,6 @@
  * output therefore depends only on its sequence, not on the step around it. */
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
