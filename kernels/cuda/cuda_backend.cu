@@ -57,7 +57,8 @@ extern "C" {
 
 /* DeepSeek: qkv is q_proj | kv_a_proj_with_mqa, or q_a_proj | kv_a_proj_with_mqa with q
  * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
- * MoE layer lie one after another: e_gu and e_down describe expert 0, expert e being
+ * MoE layer lie one after another, then its shared experts in slices of expert_dim (see
+ * shared_slice): e_gu and e_down describe expert 0, expert e being
  * e * e_*_qw 16-byte units and e * e_*_sz scale pairs further; e_gu1 and e_down1 are the
  * same weights with one K slice, for steps that touch more than a quarter of the experts
  * (see mlp_moe). */
@@ -71,7 +72,6 @@ typedef struct CuLayer {
         float *score_bias;           /* MoE: e_score_correction_bias or NULL */
         CuLinear e_gu, e_down, e_gu1, e_down1;
         size_t e_gu_qw, e_gu_sz, e_down_qw, e_down_sz;
-        CuLinear s_gu, s_down; /* shared experts, in 0 when none */
 } CuLayer;
 
 /* One row of a tile, as the host plans it. */
@@ -182,10 +182,9 @@ static size_t q_width(const BkConfig *c)
 }
 
 /* Every linear of a layer that linear() runs, for the loops over them. */
-static void layer_linears(CuLayer *L, CuLinear *out[8])
+static void layer_linears(CuLayer *L, CuLinear *out[6])
 {
-        CuLinear *all[8] = {&L->qkv, &L->o, &L->gate_up, &L->down, &L->q_b, &L->router, &L->s_gu,
-                &L->s_down};
+        CuLinear *all[6] = {&L->qkv, &L->o, &L->gate_up, &L->down, &L->q_b, &L->router};
         memcpy(out, all, sizeof(all));
 }
 
@@ -249,7 +248,7 @@ static void weights_free(Backend *b)
         if (b->layers)
                 for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
                         CuLayer *L = &b->layers[l];
-                        CuLinear *lins[8];
+                        CuLinear *lins[6];
                         layer_linears(L, lins);
                         for (size_t i = 0; i < ELEMENTSOF(lins); i++)
                                 linear_free(lins[i]);
@@ -470,7 +469,7 @@ static int fp16_copies(Backend *b, DsError *err)
         size_t free_b, total_b, need = 0;
         CU_TRY(cudaMemGetInfo(&free_b, &total_b), "memory info");
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                CuLinear *all[8];
+                CuLinear *all[6];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         if (all[i]->awq)
@@ -479,7 +478,7 @@ static int fp16_copies(Backend *b, DsError *err)
         if (need > free_b / 2)
                 return 0;
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                CuLinear *all[8];
+                CuLinear *all[6];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         CuLinear *x = all[i];
@@ -528,10 +527,11 @@ static int model_check(const BkModel *m, DsError *err)
                         "MLA with kv_lora_rank %u, qk_rope_head_dim %u, v_head_dim %u: not what "
                         "the kernels hold",
                         a->kv_lora_rank, a->qk_rope_dim, a->v_head_dim);
-        if (mc->n_routed > 256 || mc->n_group > 32)
+        if (mc->n_routed > 256 || mc->n_group > 32 || mc->n_shared > 16)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "%u routed experts in %u groups: the router holds at most 256 in 32",
-                        mc->n_routed, mc->n_group);
+                        "%u routed experts in %u groups and %u shared: the router holds at most "
+                        "256 in 32, and 16 shared",
+                        mc->n_routed, mc->n_group, mc->n_shared);
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkMoe *moe = &m->layers[l].moe;
                 for (uint32_t e = 0; moe->experts && e < mc->n_routed; e++) {
@@ -546,11 +546,20 @@ static int model_check(const BkModel *m, DsError *err)
                                                 "experts of one group size, without bias",
                                                 l, e);
                 }
-                if (moe->experts && mc->n_shared && (moe->shared.gate.bias.data ||
-                                                             moe->shared.up.bias.data ||
-                                                             moe->shared.down.bias.data))
+                const BkExpert *sh = &moe->shared, *x0 = moe->experts;
+                if (moe->experts && mc->n_shared &&
+                        (sh->gate.kind != BK_LINEAR_AWQ || sh->up.kind != BK_LINEAR_AWQ ||
+                                sh->down.kind != BK_LINEAR_AWQ || sh->gate.bias.data ||
+                                sh->up.bias.data || sh->down.bias.data ||
+                                sh->gate.group_size != x0->gate.group_size ||
+                                sh->up.group_size != x0->gate.group_size ||
+                                sh->down.group_size != x0->down.group_size ||
+                                mc->expert_dim % 8 != 0 ||
+                                mc->expert_dim % sh->down.group_size != 0))
                         return ds_error(err, -DS_ERR_UNSUPPORTED,
-                                "layer %u: shared experts with a bias", l);
+                                "layer %u: the shared experts run as %u more experts: they must "
+                                "be AWQ of the routed experts' group sizes, without bias",
+                                l, mc->n_shared);
         }
         return 0;
 }
@@ -587,7 +596,7 @@ static int scratch_alloc(Backend *b, DsError *err)
         size_t w16 = 0, part = R * n_max, inter = c->intermediate, att = q_dim;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
-                CuLinear *all[8];
+                CuLinear *all[6];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         if (all[i]->awq)
@@ -596,7 +605,6 @@ static int scratch_alloc(Backend *b, DsError *err)
                         part = MAX(part, R * all[i]->out);
                         k_max = MAX(k_max, (size_t) all[i]->in);
                 }
-                inter = MAX(inter, (size_t) b->layers[l].s_gu.out / 2);
         }
         if (b->lm_head.awq)
                 w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
@@ -624,20 +632,20 @@ static int scratch_alloc(Backend *b, DsError *err)
         }
         if (b->moe) {
                 const BkMoeConfig *mc = &c->moe;
-                size_t pairs = R * mc->top_k, gsl = 1, dsl = 1;
+                size_t pairs = R * (mc->top_k + mc->n_shared), gsl = 1, dsl = 1;
                 for (uint32_t l = 0; l < c->n_layers; l++) {
                         gsl = MAX(gsl, (size_t) b->layers[l].e_gu.splits);
                         dsl = MAX(dsl, (size_t) b->layers[l].e_down.splits);
                 }
-                size_t small = (size_t) mc->n_routed / 4; /* pairs of a sliced step */
+                size_t small = ((size_t) mc->n_routed + mc->n_shared) / 4; /* pairs of a sliced step */
                 DALLOC(b->epart, MAX(pairs, small * gsl) * 2 * mc->expert_dim * 4, "expert partials");
                 DALLOC(b->edpart, MAX(pairs, small * dsl) * c->hidden * 4, "expert partials");
                 DALLOC(b->ehb, pairs * mc->expert_dim * 2, "expert activations");
                 DALLOC(b->ridx, pairs * 4, "routing");
                 DALLOC(b->rw, pairs * 4, "routing weights");
                 DALLOC(b->elist, pairs * 4, "routing lists");
-                DALLOC(b->eoff, ((size_t) mc->n_routed + 1) * 4, "routing offsets");
-                DALLOC(b->eids, (size_t) mc->n_routed * 4, "routing slots");
+                DALLOC(b->eoff, ((size_t) mc->n_routed + mc->n_shared + 1) * 4, "routing offsets");
+                DALLOC(b->eids, ((size_t) mc->n_routed + mc->n_shared) * 4, "routing slots");
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
         }
 
@@ -695,8 +703,67 @@ static int upload_kvb(Backend *b, const BkLinear *kv_b, CuLayer *D, const char *
         return r;
 }
 
-/* The routed experts of a MoE layer, one after another (see CuLayer), the router and the
- * shared experts. */
+/* Columns c0 .. c0 + n of the AWQ linear l, as a linear of its own in fresh host memory
+ * (qweight and qzeros pack 8 columns a word, so the column range is cut row by row). */
+static BkLinear awq_columns(const BkLinear *l, uint32_t c0, uint32_t n)
+{
+        BkLinear x = *l;
+        uint32_t groups = l->in / l->group_size, w = n / 8, lw = l->out / 8;
+        uint32_t *qw = (uint32_t *) malloc((size_t) l->in * w * 4);
+        uint32_t *qz = (uint32_t *) malloc((size_t) groups * w * 4);
+        uint16_t *sc = (uint16_t *) malloc((size_t) groups * n * 2);
+
+        x.out = n;
+        x.qweight = qw;
+        x.qzeros = qz;
+        x.scales = sc;
+        if (!qw || !qz || !sc) {
+                free(qw);
+                free(qz);
+                free(sc);
+                x.qweight = x.qzeros = NULL;
+                x.scales = NULL;
+                return x;
+        }
+        for (size_t k = 0; k < l->in; k++)
+                memcpy(qw + k * w, l->qweight + k * lw + c0 / 8, (size_t) w * 4);
+        for (size_t g = 0; g < groups; g++) {
+                memcpy(qz + g * w, l->qzeros + g * lw + c0 / 8, (size_t) w * 4);
+                memcpy(sc + g * n, l->scales + g * l->out + c0, (size_t) n * 2);
+        }
+        return x;
+}
+
+/* Shared expert j of width Dm: the shared MLP of n_shared * Dm is the sum of n_shared MLPs
+ * on consecutive slices of its intermediate dimension (gate and up columns, down rows), so
+ * each slice runs as one more expert with weight 1. The down rows need no copy. */
+static BkExpert shared_slice(const BkExpert *sh, uint32_t j, uint32_t Dm)
+{
+        BkExpert x;
+        uint32_t r0 = j * Dm, lw = sh->down.out / 8;
+
+        x.gate = awq_columns(&sh->gate, r0, Dm);
+        x.up = awq_columns(&sh->up, r0, Dm);
+        x.down = sh->down;
+        x.down.in = Dm;
+        x.down.qweight = sh->down.qweight + (size_t) r0 * lw;
+        x.down.qzeros = sh->down.qzeros + (size_t) r0 / sh->down.group_size * lw;
+        x.down.scales = sh->down.scales + (size_t) r0 / sh->down.group_size * sh->down.out;
+        return x;
+}
+
+static void shared_slice_free(BkExpert *x)
+{
+        free((void *) x->gate.qweight);
+        free((void *) x->gate.qzeros);
+        free((void *) x->gate.scales);
+        free((void *) x->up.qweight);
+        free((void *) x->up.qzeros);
+        free((void *) x->up.scales);
+}
+
+/* The router and the experts of a MoE layer, one after another (see CuLayer): the routed
+ * ones, then the shared ones in slices of expert_dim. */
 static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -716,12 +783,6 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 return r;
         if (moe->score_bias.data && (r = upload_f32(&moe->score_bias, E, &D->score_bias, what, err)) < 0)
                 return r;
-        if (mc->n_shared) {
-                const BkLinear *gu[] = {&moe->shared.gate, &moe->shared.up}, *dn[] = {&moe->shared.down};
-                if ((r = upload_linear(b, gu, 2, true, &D->s_gu, what, err)) < 0 ||
-                        (r = upload_linear(b, dn, 1, true, &D->s_down, what, err)) < 0)
-                        return r;
-        }
 
         struct {
                 CuLinear *l;
@@ -747,19 +808,27 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 *mats[i].qw = qb / sizeof(uint4);
                 *mats[i].sz = zb / sizeof(__half2);
                 l->splits = cu_awq_splits(b->n_sm, l->out, l->in, mc->top_k);
-                DALLOC(l->qw, qb * E, what);
-                DALLOC(l->sz, zb * E, what);
+                DALLOC(l->qw, qb * (E + mc->n_shared), what);
+                DALLOC(l->sz, zb * (E + mc->n_shared), what);
         }
-        for (uint32_t e = 0; e < E; e++) {
-                const BkExpert *x = &moe->experts[e];
-                const BkLinear *gu[] = {&x->gate, &x->up}, *dn[] = {&x->down};
+        for (uint32_t e = 0; e < E + mc->n_shared; e++) {
+                BkExpert x = e < E ? moe->experts[e] : shared_slice(&moe->shared, e - E, Dm);
+                const BkLinear *gu[] = {&x.gate, &x.up}, *dn[] = {&x.down};
                 CuLinear vg = D->e_gu, vd = D->e_down;
                 vg.qw += e * D->e_gu_qw;
                 vg.sz += e * D->e_gu_sz;
                 vd.qw += e * D->e_down_qw;
                 vd.sz += e * D->e_down_sz;
-                if ((r = awq_repack_parts(b, gu, 2, &vg, what, err)) < 0 ||
-                        (r = awq_repack_parts(b, dn, 1, &vd, what, err)) < 0)
+                r = x.gate.qweight && x.up.qweight
+                            ? 0
+                            : ds_error(err, -ENOMEM, "cuda backend: %s: out of memory", what);
+                if (r == 0)
+                        r = awq_repack_parts(b, gu, 2, &vg, what, err);
+                if (r == 0)
+                        r = awq_repack_parts(b, dn, 1, &vd, what, err);
+                if (e >= E)
+                        shared_slice_free(&x);
+                if (r < 0)
                         return r;
         }
         D->e_gu1 = D->e_gu;
@@ -934,14 +1003,15 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         uint32_t s = linear(b, &L->qkv, b->xn, rows, b->part);
         size_t stride = (size_t) rows * N;
 
-        /* kv_a_layernorm on c_kv and rope on k_pe, into the cache */
-        cu_mla_kv(b->st, b->part, s, stride, L->qkv.bias, N, N - (rank + R), b->meta, rows, rank,
-                R, L->kv_a_norm, MLA_NORM_EPS, b->inv_freq, b->attention_factor, cache);
-
-        /* q LoRA: q_a_layernorm, q_b_proj */
+        /* kv_a_layernorm on c_kv and rope on k_pe, into the cache: with the queries when
+         * they come from the same linear, else now (q_b_proj reuses the partials) */
+        CuMlaKv kv = {b->part, s, stride, L->qkv.bias, N, N - (rank + R), rank, R, L->kv_a_norm,
+                MLA_NORM_EPS, b->inv_freq, b->attention_factor, cache};
         const float *qbias = L->qkv.bias;
         uint32_t qld = N;
         if (a->q_lora_rank) {
+                cu_mla_kv(b->st, &kv, b->meta, rows);
+                /* q LoRA: q_a_layernorm, q_b_proj */
                 cu_mla_q_norm(b->st, b->part, s, stride, L->qkv.bias, N, a->q_lora_rank, rows,
                         L->q_a_norm, MLA_NORM_EPS, b->xq);
                 s = linear(b, &L->q_b, b->xq, rows, b->part);
@@ -952,7 +1022,7 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 
         /* q_nope aside, rope on q_pe; q_nope through W_UK into the latent space */
         cu_mla_q(b->st, b->part, s, stride, qbias, qld, b->meta, rows, H, a->qk_nope_dim, R, rank,
-                b->inv_freq, b->attention_factor, b->qn, b->q);
+                b->inv_freq, b->attention_factor, b->qn, b->q, a->q_lora_rank ? NULL : &kv);
         cu_mla_absorb(b->st, b->qn, L->wk, rows, H, a->qk_nope_dim, rank, R, b->q);
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
@@ -968,39 +1038,29 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
-        uint32_t K = mc->top_k, E = mc->n_routed, H = c->hidden, pairs = rows * K;
-        uint32_t slots = MIN(E, pairs);
+        uint32_t K = mc->top_k + mc->n_shared, E = mc->n_routed + mc->n_shared;
+        uint32_t H = c->hidden, pairs = rows * K, slots = MIN(E, pairs);
         /* K slices pay off while few experts are touched; with many, the experts alone fill
          * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
         bool few = slots * 4 <= E;
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
-        /* router logits in float32, each row's experts and weights, pairs grouped by expert */
+        /* router logits in float32, each row's experts and weights (then its shared slices
+         * at weight 1), pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
-        cu_moe_route(b->st, b->part, s, (size_t) rows * E, L->score_bias, b->route, rows, b->ridx,
-                b->rw);
+        cu_moe_route(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, b->route,
+                rows, b->ridx, b->rw);
         cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
 
-        /* routed experts: gate|up of each pair, swiglu, down */
+        /* every pair's gate|up, swiglu, down; then the weighted sum in pair order */
         cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff, b->elist, K,
                 b->xn, H, b->epart, gstride);
         cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
         cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff, b->elist,
                 1, b->ehb, mc->expert_dim, b->edpart, dstride);
-
-        /* shared experts on every row */
-        const float *shared = NULL;
-        uint32_t ss = 0;
-        if (L->s_gu.in) {
-                s = linear(b, &L->s_gu, b->xn, rows, b->part);
-                cu_swiglu(b->st, b->part, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
-                        L->s_gu.out / 2, b->hb);
-                ss = linear(b, &L->s_down, b->hb, rows, b->part);
-                shared = b->part;
-        }
-        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, shared, ss,
-                (size_t) rows * H, rows, H, b->moe_y);
+        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, NULL, 0, 0, rows, H,
+                b->moe_y);
 }
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
@@ -1503,7 +1563,7 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
         b->route = (CuRoute){.n_routed = mc->n_routed, .top_k = mc->top_k, .n_group = mc->n_group,
                 .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
                 .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
-                .routed_scaling_factor = mc->routed_scaling_factor};
+                .routed_scaling_factor = mc->routed_scaling_factor, .n_shared = mc->n_shared};
         r = weights_upload(b, model, err);
         if (r == 0)
                 r = scratch_alloc(b, err);
@@ -1844,7 +1904,7 @@ extern "C" int cuda_test_moe_route(const BkMoeConfig *mc, const float *logits, c
         CuRoute rt = {.n_routed = mc->n_routed, .top_k = mc->top_k, .n_group = mc->n_group,
                 .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
                 .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
-                .routed_scaling_factor = mc->routed_scaling_factor};
+                .routed_scaling_factor = mc->routed_scaling_factor, .n_shared = 0};
         size_t nl = (size_t) rows * mc->n_routed, nk = (size_t) rows * mc->top_k;
         float *ld = NULL, *bd = NULL, *wd = NULL;
         uint32_t *id = NULL;

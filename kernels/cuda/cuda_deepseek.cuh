@@ -26,13 +26,24 @@ extern "C" {
 #define MLA_WIDTH_MAX 640
 #define MLA_RANK_MAX  512
 
-/* Sums the fused linear's partials (row stride ld) at columns col0 .. col0 + rank + R:
- * writes rmsnorm(c_kv) * norm_w and the interleaved-roped k_pe as FP16 into the cache at
- * each row's slot (cache rows of rank + R). */
-void cu_mla_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t ld, uint32_t col0, CuMeta meta, uint32_t rows, uint32_t rank,
-        uint32_t R, const float *norm_w, float eps, const float *inv_freq, float af,
-        __half *cache);
+/* Where a row's latent comes from and goes: the fused linear's partials (row stride ld) at
+ * columns col0 .. col0 + rank + R, and the layer's cache (rows of rank + R). */
+typedef struct CuMlaKv {
+        const float *part;
+        uint32_t splits;
+        size_t stride;
+        const float *bias;
+        uint32_t ld, col0, rank, R;
+        const float *norm_w;
+        float eps;
+        const float *inv_freq;
+        float af;
+        __half *cache;
+} CuMlaKv;
+
+/* Writes rmsnorm(c_kv) * norm_w and the interleaved-roped k_pe as FP16 into the cache at
+ * each row's slot. */
+void cu_mla_kv(cudaStream_t st, const CuMlaKv *kv, CuMeta meta, uint32_t rows);
 
 /* xq (rows, n) FP16 = rmsnorm of the partials' columns 0 .. n (row stride ld) * norm_w: the
  * q LoRA's q_a_layernorm. */
@@ -41,10 +52,12 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
         float eps, __half *xq);
 
 /* From the partials' columns 0 .. H (P + R) (row stride ld): qn (rows, H, P) = q_nope and
- * q (rows, H, rank + R) at rank .. = the interleaved-roped q_pe. */
+ * q (rows, H, rank + R) at rank .. = the interleaved-roped q_pe; with kv (else NULL), the
+ * same launch does what cu_mla_kv does. */
 void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t ld, CuMeta meta, uint32_t rows, uint32_t H, uint32_t P,
-        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q);
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q,
+        const CuMlaKv *kv);
 
 /* q (rows, H, rank + R) at 0 .. rank = qn (rows, H, P) · wk. */
 void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
@@ -72,10 +85,12 @@ typedef struct CuRoute {
         int scoring;     /* BkScoring */
         bool norm_topk_prob;
         float routed_scaling_factor;
+        uint32_t n_shared; /* shared expert slices appended to each row, at weight 1 */
 } CuRoute;
 
 /* Each row's top_k experts in ascending id and their weights, from the router logits
- * (partials, row stride n_routed) as cpu_moe_route decides: idx, w (rows, top_k). bias:
+ * (partials, row stride n_routed) as cpu_moe_route decides, then its n_shared shared
+ * slices (experts n_routed ..) at weight 1: idx, w (rows, top_k + n_shared). bias:
  * e_score_correction_bias or NULL. */
 void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t slice_stride,
         const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w);

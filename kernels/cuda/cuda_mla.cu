@@ -49,39 +49,39 @@ __device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, cons
 /* ---------------------------------------------------------------------------------------
  * Projections around the attention */
 
-__global__ void k_mla_kv(const float *__restrict__ part, uint32_t splits, size_t stride,
-        const float *__restrict__ bias, uint32_t ld, uint32_t col0, const uint32_t *pos,
-        const uint32_t *slot, uint32_t rank, uint32_t R, const float *norm_w, float eps,
-        const float *inv_freq, float af, __half *cache)
+/* The latent row of token r into the cache: one block. */
+__device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t slot)
 {
         __shared__ float v[MLA_WIDTH_MAX];
-        uint32_t r = blockIdx.x, W = rank + R;
-        size_t row = (size_t) r * ld + col0;
-        __half *out = cache + (size_t) slot[r] * W;
+        uint32_t W = a.rank + a.R;
+        size_t row = (size_t) r * a.ld + a.col0;
+        __half *out = a.cache + (size_t) slot * W;
         float ss = 0.0f;
 
         for (uint32_t i = threadIdx.x; i < W; i += blockDim.x) {
-                v[i] = part_at(part, splits, stride, row + i, bias, col0 + i);
-                if (i < rank)
+                v[i] = part_at(a.part, a.splits, a.stride, row + i, a.bias, a.col0 + i);
+                if (i < a.rank)
                         ss += v[i] * v[i];
         }
-        float inv = 1.0f / sqrtf(mla_block_sum(ss) / (float) rank + eps);
-        for (uint32_t i = threadIdx.x; i < rank; i += blockDim.x)
-                out[i] = __float2half(norm_w[i] * (v[i] * inv));
-        for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
-                float2 o = rope_pair(v[rank + 2 * i], v[rank + 2 * i + 1], pos[r], inv_freq, i, af);
-                out[rank + 2 * i] = __float2half(o.x);
-                out[rank + 2 * i + 1] = __float2half(o.y);
+        float inv = 1.0f / sqrtf(mla_block_sum(ss) / (float) a.rank + a.eps);
+        for (uint32_t i = threadIdx.x; i < a.rank; i += blockDim.x)
+                out[i] = __float2half(a.norm_w[i] * (v[i] * inv));
+        for (uint32_t i = threadIdx.x; i < a.R / 2; i += blockDim.x) {
+                float2 o = rope_pair(v[a.rank + 2 * i], v[a.rank + 2 * i + 1], pos, a.inv_freq, i,
+                        a.af);
+                out[a.rank + 2 * i] = __float2half(o.x);
+                out[a.rank + 2 * i + 1] = __float2half(o.y);
         }
 }
 
-void cu_mla_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t ld, uint32_t col0, CuMeta meta, uint32_t rows, uint32_t rank,
-        uint32_t R, const float *norm_w, float eps, const float *inv_freq, float af,
-        __half *cache)
+__global__ void k_mla_kv(const CuMlaKv a, const uint32_t *pos, const uint32_t *slot)
 {
-        k_mla_kv<<<rows, 256, 0, st>>>(part, splits, slice_stride, bias, ld, col0, meta.pos,
-                meta.slot, rank, R, norm_w, eps, inv_freq, af, cache);
+        mla_kv_row(a, blockIdx.x, pos[blockIdx.x], slot[blockIdx.x]);
+}
+
+void cu_mla_kv(cudaStream_t st, const CuMlaKv *kv, CuMeta meta, uint32_t rows)
+{
+        k_mla_kv<<<rows, 128, 0, st>>>(*kv, meta.pos, meta.slot);
 }
 
 __global__ void k_mla_q_norm(const float *__restrict__ part, uint32_t splits, size_t stride,
@@ -109,15 +109,20 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
                 norm_w, eps, xq);
 }
 
-/* One block per (row, head). */
+/* One block per (row, head); with kv, block H of a row stores its latent row instead. */
 __global__ void k_mla_q(const float *__restrict__ part, uint32_t splits, size_t stride,
-        const float *__restrict__ bias, uint32_t ld, const uint32_t *pos, uint32_t H, uint32_t P,
-        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q)
+        const float *__restrict__ bias, uint32_t ld, const uint32_t *pos, const uint32_t *slot,
+        uint32_t H, uint32_t P, uint32_t R, uint32_t rank, const float *inv_freq, float af,
+        float *qn, float *q, const CuMlaKv kv)
 {
         uint32_t r = blockIdx.x, h = blockIdx.y, qk = P + R;
         size_t row = (size_t) r * ld;
         uint32_t c0 = h * qk;
 
+        if (h == H) {
+                mla_kv_row(kv, r, pos[r], slot[r]);
+                return;
+        }
         for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
                 qn[((size_t) r * H + h) * P + i] = part_at(part, splits, stride, row + c0 + i, bias, c0 + i);
         for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
@@ -133,11 +138,12 @@ __global__ void k_mla_q(const float *__restrict__ part, uint32_t splits, size_t 
 
 void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t ld, CuMeta meta, uint32_t rows, uint32_t H, uint32_t P,
-        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q)
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q,
+        const CuMlaKv *kv)
 {
-        dim3 grid(rows, H);
-        k_mla_q<<<grid, 128, 0, st>>>(part, splits, slice_stride, bias, ld, meta.pos, H, P, R, rank,
-                inv_freq, af, qn, q);
+        dim3 grid(rows, H + (kv ? 1 : 0));
+        k_mla_q<<<grid, 128, 0, st>>>(part, splits, slice_stride, bias, ld, meta.pos, meta.slot, H,
+                P, R, rank, inv_freq, af, qn, q, kv ? *kv : CuMlaKv{});
 }
 
 /* The absorb and values kernels: a block takes MLA_RB rows (each weight load serves them

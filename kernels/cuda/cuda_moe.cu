@@ -132,8 +132,8 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__r
                 return;
 
         /* in ascending expert order, then the weights as the CPU computes them */
-        uint32_t *ri = idx + (size_t) r * rt.top_k;
-        float *rw = w + (size_t) r * rt.top_k;
+        uint32_t *ri = idx + (size_t) r * (rt.top_k + rt.n_shared);
+        float *rw = w + (size_t) r * (rt.top_k + rt.n_shared);
         uint32_t k = 0;
         for (uint32_t e = 0; e < E && k < rt.top_k; e++)
                 if (taken[e]) {
@@ -151,6 +151,10 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__r
         if (!norm || rt.topk_method == BK_TOPK_NOAUX_TC)
                 for (uint32_t i = 0; i < rt.top_k; i++)
                         rw[i] *= rt.routed_scaling_factor;
+        for (uint32_t j = 0; j < rt.n_shared; j++) {
+                ri[rt.top_k + j] = E + j;
+                rw[rt.top_k + j] = 1.0f;
+        }
 }
 
 void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t slice_stride,
@@ -165,7 +169,7 @@ void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t 
 __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
         uint32_t *ids, uint32_t *off, uint32_t *list)
 {
-        __shared__ uint32_t cnt[ROUTE_MAX], cur[ROUTE_MAX];
+        __shared__ uint32_t cnt[ROUTE_MAX + 16], cur[ROUTE_MAX + 16];
 
         for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
                 cnt[e] = 0;
