@@ -58,7 +58,8 @@ extern "C" {
 /* DeepSeek: qkv is q_proj | kv_a_proj_with_mqa, or q_a_proj | kv_a_proj_with_mqa with q
  * LoRA; gate_up and down are the dense MLP (in 0 in a MoE layer). The routed experts of a
  * MoE layer lie one after another, then its shared experts in slices of expert_dim (see
- * shared_slice): e_gu and e_down describe expert 0, expert e being
+ * shared_slice; s_gu and s_down hold them as one MLP too): e_gu and e_down describe
+ * expert 0, expert e being
  * e * e_*_qw 16-byte units and e * e_*_sz scale pairs further; e_gu1 and e_down1 are the
  * same weights with one K slice, for steps that touch more than a quarter of the experts
  * (see mlp_moe). */
@@ -72,6 +73,7 @@ typedef struct CuLayer {
         float *score_bias;           /* MoE: e_score_correction_bias or NULL */
         CuLinear e_gu, e_down, e_gu1, e_down1;
         size_t e_gu_qw, e_gu_sz, e_down_qw, e_down_sz;
+        CuLinear s_gu, s_down; /* the shared experts as one MLP, for steps of many rows */
 } CuLayer;
 
 /* One row of a tile, as the host plans it. */
@@ -182,9 +184,10 @@ static size_t q_width(const BkConfig *c)
 }
 
 /* Every linear of a layer that linear() runs, for the loops over them. */
-static void layer_linears(CuLayer *L, CuLinear *out[6])
+static void layer_linears(CuLayer *L, CuLinear *out[8])
 {
-        CuLinear *all[6] = {&L->qkv, &L->o, &L->gate_up, &L->down, &L->q_b, &L->router};
+        CuLinear *all[8] = {&L->qkv, &L->o, &L->gate_up, &L->down, &L->q_b, &L->router, &L->s_gu,
+                &L->s_down};
         memcpy(out, all, sizeof(all));
 }
 
@@ -248,7 +251,7 @@ static void weights_free(Backend *b)
         if (b->layers)
                 for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
                         CuLayer *L = &b->layers[l];
-                        CuLinear *lins[6];
+                        CuLinear *lins[8];
                         layer_linears(L, lins);
                         for (size_t i = 0; i < ELEMENTSOF(lins); i++)
                                 linear_free(lins[i]);
@@ -469,7 +472,7 @@ static int fp16_copies(Backend *b, DsError *err)
         size_t free_b, total_b, need = 0;
         CU_TRY(cudaMemGetInfo(&free_b, &total_b), "memory info");
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                CuLinear *all[6];
+                CuLinear *all[8];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++)
                         if (all[i]->awq)
@@ -478,7 +481,7 @@ static int fp16_copies(Backend *b, DsError *err)
         if (need > free_b / 2)
                 return 0;
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
-                CuLinear *all[6];
+                CuLinear *all[8];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         CuLinear *x = all[i];
@@ -596,7 +599,7 @@ static int scratch_alloc(Backend *b, DsError *err)
         size_t w16 = 0, part = R * n_max, inter = c->intermediate, att = q_dim;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
-                CuLinear *all[6];
+                CuLinear *all[8];
                 layer_linears(&b->layers[l], all);
                 for (size_t i = 0; i < ELEMENTSOF(all); i++) {
                         if (all[i]->awq)
@@ -608,6 +611,8 @@ static int scratch_alloc(Backend *b, DsError *err)
         }
         if (b->lm_head.awq)
                 w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
+        for (uint32_t l = 0; l < c->n_layers; l++)
+                inter = MAX(inter, (size_t) b->layers[l].s_gu.out / 2);
         if (b->mla)
                 att = MAX(att, (size_t) c->n_heads * c->mla.v_head_dim);
 
@@ -783,6 +788,12 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 return r;
         if (moe->score_bias.data && (r = upload_f32(&moe->score_bias, E, &D->score_bias, what, err)) < 0)
                 return r;
+        if (mc->n_shared) {
+                const BkLinear *gu[] = {&moe->shared.gate, &moe->shared.up}, *dn[] = {&moe->shared.down};
+                if ((r = upload_linear(b, gu, 2, true, &D->s_gu, what, err)) < 0 ||
+                        (r = upload_linear(b, dn, 1, true, &D->s_down, what, err)) < 0)
+                        return r;
+        }
 
         struct {
                 CuLinear *l;
@@ -1038,7 +1049,12 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
-        uint32_t K = mc->top_k + mc->n_shared, E = mc->n_routed + mc->n_shared;
+        /* Up to 8 rows (one pass of the expert GEMV) the shared experts' slices ride along
+         * with the routed experts as more pairs at weight 1, three launches fewer; above,
+         * they run as one MLP through linear(), where cuBLAS takes many rows. */
+        CuRoute rt = b->route;
+        rt.n_shared = rows <= 8 ? mc->n_shared : 0;
+        uint32_t K = mc->top_k + rt.n_shared, E = mc->n_routed + rt.n_shared;
         uint32_t H = c->hidden, pairs = rows * K, slots = MIN(E, pairs);
         /* K slices pay off while few experts are touched; with many, the experts alone fill
          * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
@@ -1046,21 +1062,31 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
-        /* router logits in float32, each row's experts and weights (then its shared slices
-         * at weight 1), pairs grouped by expert */
+        /* router logits in float32, each row's experts and weights, pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
-        cu_moe_route(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, b->route,
-                rows, b->ridx, b->rw);
+        cu_moe_route(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt, rows,
+                b->ridx, b->rw);
         cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
 
-        /* every pair's gate|up, swiglu, down; then the weighted sum in pair order */
+        /* every pair's gate|up, swiglu, down */
         cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff, b->elist, K,
                 b->xn, H, b->epart, gstride);
         cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
         cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff, b->elist,
                 1, b->ehb, mc->expert_dim, b->edpart, dstride);
-        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, NULL, 0, 0, rows, H,
-                b->moe_y);
+
+        /* the shared experts on every row, when not among the pairs */
+        const float *shared = NULL;
+        uint32_t ss = 0;
+        if (mc->n_shared && !rt.n_shared) {
+                s = linear(b, &L->s_gu, b->xn, rows, b->part);
+                cu_swiglu(b->st, b->part, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
+                        L->s_gu.out / 2, b->hb);
+                ss = linear(b, &L->s_down, b->hb, rows, b->part);
+                shared = b->part;
+        }
+        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, shared, ss,
+                (size_t) rows * H, rows, H, b->moe_y);
 }
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
