@@ -39,6 +39,7 @@ extern "C" {
 #include "half.h"
 }
 #include "cuda_deepseek.cuh"
+#include "cuda_staging.cuh"
 #include "sample_math.h"
 
 /* Rows above which a linear goes through cuBLAS instead of the GEMV. */
@@ -142,7 +143,8 @@ struct Backend {
         uint32_t block_tokens, n_blocks;
 
         cudaGraphExec_t graphs[N_BUCKETS];
-        CuRoute route; /* MoE */
+        CuRoute route;    /* MoE */
+        CuStaging stage;  /* open during load() only */
 };
 
 static int cuda_fail(DsError *err, cudaError_t e, const char *what)
@@ -320,14 +322,24 @@ static int upload_f32(const BkTensor *t, size_t n, float **ret, const char *what
         return r;
 }
 
-/* rows x cols of t as FP16 into dst (device) with row stride ld, zero beyond cols. */
-static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32_t ld, __half *dst,
-        const char *what, DsError *err)
+/* dst (device) = src (host) on the backend's stream: through the NUMA-placed pinned
+ * staging during load(), else directly (the test hooks); src may be reused on return. */
+static int h2d(Backend *b, void *dst, const void *src, size_t bytes, const char *what,
+        DsError *err)
 {
-        if (t->dtype == BK_DT_F16 && ld == cols) {
-                CU_TRY(cudaMemcpy(dst, t->data, rows * cols * 2, cudaMemcpyHostToDevice), what);
-                return 0;
-        }
+        if (b->stage.buf[0])
+                return cu_staging_copy(&b->stage, b->st, dst, src, bytes, err);
+        CU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, b->st), what);
+        CU_TRY(cudaStreamSynchronize(b->st), what);
+        return 0;
+}
+
+/* rows x cols of t as FP16 into dst (device) with row stride ld, zero beyond cols. */
+static int upload_f16_rows(Backend *b, const BkTensor *t, size_t rows, uint32_t cols, uint32_t ld,
+        __half *dst, const char *what, DsError *err)
+{
+        if (t->dtype == BK_DT_F16 && ld == cols)
+                return h2d(b, dst, t->data, rows * cols * 2, what, err);
         /* Other dtypes and padded rows: convert through a host buffer of a few MB. */
         size_t chunk = MAX((size_t) 1, ((size_t) 4 << 20) / ld);
         uint16_t *h = (uint16_t *) calloc(chunk * ld, 2);
@@ -340,10 +352,10 @@ static int upload_f16_rows(const BkTensor *t, size_t rows, uint32_t cols, uint32
                                 __half v = __float2half(cpu_tensor_get(*t, (r0 + r) * cols + c));
                                 memcpy(&h[r * ld + c], &v, 2);
                         }
-                cudaError_t e = cudaMemcpy(dst + r0 * ld, h, n * ld * 2, cudaMemcpyHostToDevice);
-                if (e != cudaSuccess) {
+                int r = h2d(b, dst + r0 * ld, h, n * ld * 2, what, err);
+                if (r < 0) {
                         free(h);
-                        return cuda_fail(err, e, what);
+                        return r;
                 }
         }
         free(h);
@@ -361,20 +373,16 @@ static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uin
         int r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
         if (r < 0)
                 return r;
-        /* On the repack's stream: a pageable copy may return before its DMA lands, and our
-         * stream does not wait for the legacy one. */
-        cudaError_t e = cudaMemcpyAsync(stage, p->qweight, qb, cudaMemcpyHostToDevice, b->st);
-        if (e == cudaSuccess)
-                e = cudaMemcpyAsync(stage + qb, p->qzeros, zb, cudaMemcpyHostToDevice, b->st);
-        if (e == cudaSuccess)
-                e = cudaMemcpyAsync(stage + qb + zb, p->scales, sb, cudaMemcpyHostToDevice, b->st);
-        if (e == cudaSuccess) {
+        /* The copies and the repack run in order on the backend's stream. */
+        if ((r = h2d(b, stage, p->qweight, qb, what, err)) == 0 &&
+                (r = h2d(b, stage + qb, p->qzeros, zb, what, err)) == 0 &&
+                (r = h2d(b, stage + qb + zb, p->scales, sb, what, err)) == 0) {
                 cu_awq_repack(b->st, l, (const uint32_t *) stage, (const uint32_t *) (stage + qb),
                         (const __half *) (stage + qb + zb), p->out, n_off);
-                e = cudaStreamSynchronize(b->st);
+                cudaError_t e = cudaStreamSynchronize(b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, what);
         }
-        if (e != cudaSuccess)
-                r = cuda_fail(err, e, what);
         cudaFree(stage);
         return r;
 }
@@ -436,7 +444,7 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                         CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
                 uint32_t n_off = 0;
                 for (uint32_t i = 0; i < n_parts && r == 0; i++) {
-                        r = upload_f16_rows(&parts[i]->w, parts[i]->out, l->in, l->kp,
+                        r = upload_f16_rows(b, &parts[i]->w, parts[i]->out, l->in, l->kp,
                                 l->w + (size_t) n_off * l->kp, what, err);
                         n_off += parts[i]->out;
                 }
@@ -882,7 +890,7 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
         int r;
 
         DALLOC(b->embed, (size_t) c->vocab_size * c->hidden * 2, "embedding");
-        r = upload_f16_rows(&m->embed, c->vocab_size, c->hidden, c->hidden, b->embed, "embedding",
+        r = upload_f16_rows(b, &m->embed, c->vocab_size, c->hidden, c->hidden, b->embed, "embedding",
                 err);
         if (r < 0)
                 return r;
@@ -1590,7 +1598,12 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
                 .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
                 .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
                 .routed_scaling_factor = mc->routed_scaling_factor, .n_shared = mc->n_shared};
-        r = weights_upload(b, model, err);
+        int dev = 0;
+        cudaGetDevice(&dev);
+        r = cu_staging_open(&b->stage, dev, err);
+        if (r == 0)
+                r = weights_upload(b, model, err);
+        cu_staging_close(&b->stage);
         if (r == 0)
                 r = scratch_alloc(b, err);
         if (r == 0 && b->fp16_copies)
