@@ -335,15 +335,6 @@ out:
         return r;
 }
 
-__device__ __forceinline__ float sum_part(const float *part, uint32_t splits, size_t slice_stride,
-        size_t at, const float *bias, uint32_t col)
-{
-        float y = 0.0f;
-        for (uint32_t s = 0; s < splits; s++)
-                y += part[s * slice_stride + at];
-        return bias ? y + bias[col] : y;
-}
-
 /* One block of head_dim/2 threads per (row, head): heads below n_heads are q, then k, then
  * v. Thread i rotates the pair (i, i + head_dim/2) of a q or k head, or copies elements i
  * and i + head_dim/2 of a v head into the cache. */

@@ -49,6 +49,16 @@ typedef struct CuMeta {
         const uint32_t *out_row; /* (rows) the rows whose logits are computed, in order */
 } CuMeta;
 
+/* Element at of a linear's output: its partial slices added in order, plus bias[col]. */
+__device__ __forceinline__ float sum_part(const float *part, uint32_t splits, size_t slice_stride,
+        size_t at, const float *bias, uint32_t col)
+{
+        float y = 0.0f;
+        for (uint32_t s = 0; s < splits; s++)
+                y += part[s * slice_stride + at];
+        return bias ? y + bias[col] : y;
+}
+
 /* x[m] = embed[token[m]] widened to float32. */
 void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, uint32_t hidden,
         float *x);

@@ -26,15 +26,6 @@ __device__ float mla_block_sum(float v)
         return s;
 }
 
-__device__ __forceinline__ float part_at(const float *part, uint32_t splits, size_t stride,
-        size_t at, const float *bias, uint32_t col)
-{
-        float y = 0.0f;
-        for (uint32_t s = 0; s < splits; s++)
-                y += part[s * stride + at];
-        return bias ? y + bias[col] : y;
-}
-
 /* The interleaved rope of cpu_rope_apply_pairs on the pair (a, b) at frequency i. */
 __device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, const float *inv_freq,
         uint32_t i, float af)
@@ -59,7 +50,7 @@ __device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t 
         float ss = 0.0f;
 
         for (uint32_t i = threadIdx.x; i < W; i += blockDim.x) {
-                v[i] = part_at(a.part, a.splits, a.stride, row + i, a.bias, a.col0 + i);
+                v[i] = sum_part(a.part, a.splits, a.stride, row + i, a.bias, a.col0 + i);
                 if (i < a.rank)
                         ss += v[i] * v[i];
         }
@@ -93,7 +84,7 @@ __global__ void k_mla_q_norm(const float *__restrict__ part, uint32_t splits, si
         float ss = 0.0f;
 
         for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-                qa[i] = part_at(part, splits, stride, (size_t) r * ld + i, bias, i);
+                qa[i] = sum_part(part, splits, stride, (size_t) r * ld + i, bias, i);
                 ss += qa[i] * qa[i];
         }
         float inv = 1.0f / sqrtf(mla_block_sum(ss) / (float) n + eps);
@@ -124,11 +115,11 @@ __global__ void k_mla_q(const float *__restrict__ part, uint32_t splits, size_t 
                 return;
         }
         for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
-                qn[((size_t) r * H + h) * P + i] = part_at(part, splits, stride, row + c0 + i, bias, c0 + i);
+                qn[((size_t) r * H + h) * P + i] = sum_part(part, splits, stride, row + c0 + i, bias, c0 + i);
         for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
                 uint32_t c = c0 + P + 2 * i;
-                float a = part_at(part, splits, stride, row + c, bias, c);
-                float b = part_at(part, splits, stride, row + c + 1, bias, c + 1);
+                float a = sum_part(part, splits, stride, row + c, bias, c);
+                float b = sum_part(part, splits, stride, row + c + 1, bias, c + 1);
                 float2 o = rope_pair(a, b, pos[r], inv_freq, i, af);
                 float *qp = q + ((size_t) r * H + h) * (rank + R) + rank;
                 qp[2 * i] = o.x;
@@ -171,42 +162,44 @@ __device__ void mla_reduce(float2 (&acc)[MLA_RB], float2 *red)
                         }
 }
 
-/* Blocks (rank / MLA_COLS, H, row groups). q_nope slice values come from the float32 qn. */
-__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_absorb(const float *__restrict__ qn,
-        const __half *__restrict__ wk, uint32_t rows, uint32_t H, uint32_t P, uint32_t rank,
-        uint32_t R, float *q)
+/* out[r][h][n] (row stride out_ld) = in[r][h][0 .. K) · w[h] (K, N): blocks (N / MLA_COLS,
+ * H, row groups), the block's rows of in staged in shared memory as TI. */
+template <typename TI, typename TO>
+__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_heads(const TI *__restrict__ in,
+        const __half *__restrict__ w, uint32_t rows, uint32_t H, uint32_t K, uint32_t N,
+        uint32_t out_ld, TO *out)
 {
         __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
-        extern __shared__ float qs[]; /* (MLA_RB, P) the rows' q_nope of head h */
+        extern __shared__ float4 in_s4[]; /* (MLA_RB, K) */
+        TI *in_s = (TI *) in_s4;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t c = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
+        uint32_t n = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
         uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
-        for (uint32_t i = threadIdx.x; i < nr * P; i += blockDim.x)
-                qs[i] = qn[((size_t) (r0 + i / P) * H + h) * P + i % P];
+        for (uint32_t i = threadIdx.x; i < nr * K; i += blockDim.x)
+                in_s[i] = in[((size_t) (r0 + i / K) * H + h) * K + i % K];
         __syncthreads();
-        uint32_t p0 = (uint32_t) ((uint64_t) P * warp / MLA_WARPS);
-        uint32_t p1 = (uint32_t) ((uint64_t) P * (warp + 1) / MLA_WARPS);
-        bool live = c < rank;
+        uint32_t k0 = (uint32_t) ((uint64_t) K * warp / MLA_WARPS);
+        uint32_t k1 = (uint32_t) ((uint64_t) K * (warp + 1) / MLA_WARPS);
+        bool live = n < N;
         float2 acc[MLA_RB];
 #pragma unroll
         for (uint32_t j = 0; j < MLA_RB; j++)
                 acc[j] = make_float2(0.0f, 0.0f);
-        const __half2 *w = (const __half2 *) (wk + (size_t) h * P * rank + (live ? c : 0));
-        for (uint32_t p = p0; p < p1; p += 4) {
+        const __half2 *wh = (const __half2 *) (w + (size_t) h * K * N + (live ? n : 0));
+        for (uint32_t k = k0; k < k1; k += 4) {
                 float2 wf[4];
 #pragma unroll
                 for (uint32_t i = 0; i < 4; i++)
-                        wf[i] = p + i < p1 && live ? __half22float2(w[(size_t) (p + i) * rank / 2])
+                        wf[i] = k + i < k1 && live ? __half22float2(wh[(size_t) (k + i) * N / 2])
                                                    : make_float2(0.0f, 0.0f);
 #pragma unroll
                 for (uint32_t j = 0; j < MLA_RB; j++) {
                         if (j >= nr)
                                 break;
-                        const float *qr = qs + j * P;
 #pragma unroll
                         for (uint32_t i = 0; i < 4; i++)
-                                if (p + i < p1) {
-                                        float a = qr[p + i];
+                                if (k + i < k1) {
+                                        float a = (float) in_s[j * K + k + i];
                                         acc[j].x += a * wf[i].x;
                                         acc[j].y += a * wf[i].y;
                                 }
@@ -214,72 +207,27 @@ __global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_absorb(const float *__re
         }
         mla_reduce(acc, red);
         if (warp == 0 && live)
-                for (uint32_t j = 0; j < nr; j++)
-                        *(float2 *) (q + ((size_t) (r0 + j) * H + h) * (rank + R) + c) = acc[j];
+                for (uint32_t j = 0; j < nr; j++) {
+                        TO *o = out + ((size_t) (r0 + j) * H + h) * out_ld + n;
+                        o[0] = (TO) acc[j].x;
+                        o[1] = (TO) acc[j].y;
+                }
 }
 
 void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
         uint32_t P, uint32_t rank, uint32_t R, float *q)
 {
         dim3 grid(div_up(rank, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_absorb<<<grid, MLA_WARPS * 32, MLA_RB * P * sizeof(float), st>>>(qn, wk, rows, H, P,
-                rank, R, q);
-}
-
-/* Blocks (Vd / MLA_COLS, H, row groups): the latent columns are the reduction. */
-__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_values(const __half *__restrict__ o_lat,
-        const __half *__restrict__ wvt, uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd,
-        __half *out)
-{
-        __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
-        extern __shared__ __half os[]; /* (MLA_RB, rank) the rows' latent outputs of head h */
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t v = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
-        uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
-        for (uint32_t i = threadIdx.x; i < nr * rank; i += blockDim.x)
-                os[i] = o_lat[((size_t) (r0 + i / rank) * H + h) * rank + i % rank];
-        __syncthreads();
-        uint32_t c0 = (uint32_t) ((uint64_t) rank * warp / MLA_WARPS);
-        uint32_t c1 = (uint32_t) ((uint64_t) rank * (warp + 1) / MLA_WARPS);
-        bool live = v < Vd;
-        float2 acc[MLA_RB];
-#pragma unroll
-        for (uint32_t j = 0; j < MLA_RB; j++)
-                acc[j] = make_float2(0.0f, 0.0f);
-        const __half2 *w = (const __half2 *) (wvt + (size_t) h * rank * Vd + (live ? v : 0));
-        for (uint32_t c = c0; c < c1; c += 4) {
-                float2 wf[4];
-#pragma unroll
-                for (uint32_t i = 0; i < 4; i++)
-                        wf[i] = c + i < c1 && live ? __half22float2(w[(size_t) (c + i) * Vd / 2])
-                                                   : make_float2(0.0f, 0.0f);
-#pragma unroll
-                for (uint32_t j = 0; j < MLA_RB; j++) {
-                        if (j >= nr)
-                                break;
-                        const __half *orow = os + j * rank;
-#pragma unroll
-                        for (uint32_t i = 0; i < 4; i++)
-                                if (c + i < c1) {
-                                        float a = __half2float(orow[c + i]);
-                                        acc[j].x += a * wf[i].x;
-                                        acc[j].y += a * wf[i].y;
-                                }
-                }
-        }
-        mla_reduce(acc, red);
-        if (warp == 0 && live)
-                for (uint32_t j = 0; j < nr; j++)
-                        *(__half2 *) (out + ((size_t) (r0 + j) * H + h) * Vd + v) =
-                                __floats2half2_rn(acc[j].x, acc[j].y);
+        k_mla_heads<float, float><<<grid, MLA_WARPS * 32, MLA_RB * P * sizeof(float), st>>>(qn, wk,
+                rows, H, P, rank, rank + R, q);
 }
 
 void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,
         uint32_t H, uint32_t rank, uint32_t Vd, __half *out)
 {
         dim3 grid(div_up(Vd, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_values<<<grid, MLA_WARPS * 32, MLA_RB * rank * sizeof(__half), st>>>(o_lat, wvt, rows,
-                H, rank, Vd, out);
+        k_mla_heads<__half, __half><<<grid, MLA_WARPS * 32, MLA_RB * rank * sizeof(__half), st>>>(
+                o_lat, wvt, rows, H, rank, Vd, Vd, out);
 }
 
 __global__ void k_mla_split_kvb(const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,

@@ -165,3 +165,59 @@ static inline Backend *backend_open(
                 "%s kv_init: %s", ops->name, err.msg);
         return b;
 }
+
+/* On the CUDA backend, n <= 20 sequences, a 20-token prompt each, then 24 greedy steps of
+ * all of them; out (24, n) gets the ids. */
+static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
+{
+        DsError err = {0};
+        static uint32_t blocks[20][8];
+        int32_t prompt[20], cur[20];
+        BkSeq q[20];
+
+        for (uint32_t s = 0; s < n; s++) {
+                for (uint32_t i = 0; i < 8; i++)
+                        blocks[s][i] = s * 8 + i;
+                for (uint32_t i = 0; i < 20; i++)
+                        prompt[i] = (int32_t) ((s * 131 + i * 17) % V);
+                BkSeq p = {.tokens = prompt,
+                        .n_tokens = 20,
+                        .blocks = blocks[s],
+                        .n_blocks = 8,
+                        .sample = true,
+                        .sampling = {.repetition_penalty = 1}};
+                CHECK(backend_cuda_ops.step(b, &p, 1, &cur[s], &err) == 0, "%s", err.msg);
+        }
+        for (uint32_t step = 0; step < 24; step++) {
+                for (uint32_t s = 0; s < n; s++)
+                        q[s] = (BkSeq){.tokens = &cur[s],
+                                .n_tokens = 1,
+                                .pos = 20 + step,
+                                .blocks = blocks[s],
+                                .n_blocks = 8,
+                                .sample = true,
+                                .sampling = {.repetition_penalty = 1}};
+                int32_t next[20];
+                CHECK(backend_cuda_ops.step(b, q, n, next, &err) == 0, "%s", err.msg);
+                for (uint32_t s = 0; s < n; s++) {
+                        CHECK(next[s] >= 0 && next[s] < (int32_t) V - 3, "id %d", next[s]);
+                        cur[s] = next[s];
+                        out[step * n + s] = next[s];
+                }
+        }
+}
+
+/* The same greedy decodes of 5 (a padded graph bucket) and of 20 sequences (the cuBLAS
+ * path) on graph and on eager backends of one model must give the same ids. */
+static inline void gpu_graph_vs_eager(Backend *graph, Backend *eager, uint32_t V, size_t model)
+{
+        for (uint32_t n = 5; n <= 20; n += 15) {
+                int32_t a[24 * 20], b[24 * 20];
+                gpu_greedy(graph, V, n, a);
+                gpu_greedy(eager, V, n, b);
+                for (uint32_t k = 0; k < 24 * n; k++)
+                        CHECK(a[k] == b[k], "model %zu batch %u: graph id %d, eager %d at step %u",
+                                model, n, a[k], b[k], k / n);
+                printf("model %zu batch %u: graph ids == eager ids (24 steps)\n", model, n);
+        }
+}

@@ -85,46 +85,6 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
         return worst;
 }
 
-/* n sequences, a 20-token prompt each, then 24 greedy steps; returns the ids. */
-static void greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
-{
-        DsError err = {0};
-        static uint32_t blocks[20][8];
-        int32_t prompt[20], cur[20];
-        BkSeq q[20];
-
-        for (uint32_t s = 0; s < n; s++) {
-                for (uint32_t i = 0; i < 8; i++)
-                        blocks[s][i] = s * 8 + i;
-                for (uint32_t i = 0; i < 20; i++)
-                        prompt[i] = (int32_t) ((s * 131 + i * 17) % V);
-                BkSeq p = {.tokens = prompt,
-                        .n_tokens = 20,
-                        .blocks = blocks[s],
-                        .n_blocks = 8,
-                        .sample = true,
-                        .sampling = {.repetition_penalty = 1}};
-                CHECK(backend_cuda_ops.step(b, &p, 1, &cur[s], &err) == 0, "%s", err.msg);
-        }
-        for (uint32_t step = 0; step < 24; step++) {
-                for (uint32_t s = 0; s < n; s++)
-                        q[s] = (BkSeq){.tokens = &cur[s],
-                                .n_tokens = 1,
-                                .pos = 20 + step,
-                                .blocks = blocks[s],
-                                .n_blocks = 8,
-                                .sample = true,
-                                .sampling = {.repetition_penalty = 1}};
-                int32_t next[20];
-                CHECK(backend_cuda_ops.step(b, q, n, next, &err) == 0, "%s", err.msg);
-                for (uint32_t s = 0; s < n; s++) {
-                        CHECK(next[s] >= 0 && next[s] < (int32_t) V - 3, "id %d", next[s]);
-                        cur[s] = next[s];
-                        out[step * n + s] = next[s];
-                }
-        }
-}
-
 int main(void)
 {
         static const RndShape shapes[] = {
@@ -145,17 +105,7 @@ int main(void)
                 backend_cpu_ops.free(cpu);
 
                 Backend *eager = backend_open(&backend_cuda_ops, &m, "eager", BLOCKS);
-                for (uint32_t n = 5; n <= 20; n += 15) {
-                        int32_t a[24 * 20], b[24 * 20];
-                        greedy(gpu, m.cfg.vocab_size, n, a);
-                        greedy(eager, m.cfg.vocab_size, n, b);
-                        for (uint32_t k = 0; k < 24 * n; k++)
-                                CHECK(a[k] == b[k],
-                                        "model %zu batch %u: graph id %d, eager %d at "
-                                        "step %u",
-                                        i, n, a[k], b[k], k / n);
-                        printf("model %zu batch %u: graph ids == eager ids (24 steps)\n", i, n);
-                }
+                gpu_graph_vs_eager(gpu, eager, m.cfg.vocab_size, i);
                 backend_cuda_ops.free(eager);
                 backend_cuda_ops.free(gpu);
         }
