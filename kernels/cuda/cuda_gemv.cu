@@ -106,7 +106,7 @@ struct AwqArgs {
         float *y;
         size_t slice_stride;
         uint32_t K, N, tiles, chunks, splits;
-        uint32_t group_magic; /* ceil(2^32 / (group size / 32)) */
+        uint32_t group_magic; /* ceil(2^31 / (group size / 32)) */
 };
 
 /* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
@@ -172,7 +172,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 
         /* weights and scales of chunk ch into stage i; a half chunk beyond K gets zero
          * scales (its x is zero too). The group of half chunk hc is hc / (gs / 32), as a
-         * multiply-high (exact for hc < 2^16). */
+         * multiply-high of 2 hc (exact for hc < 2^15). */
         auto load = [&](int i, uint32_t ch) {
                 const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
 #pragma unroll
@@ -181,7 +181,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 #pragma unroll
                 for (int q = 0; q < Q; q++) {
                         uint32_t hc = 2 * ch + q;
-                        const uint2 *sc = sp + (size_t) __umulhi(hc, a.group_magic) * group_recs;
+                        const uint2 *sc = sp + (size_t) __umulhi(2 * hc, a.group_magic) * group_recs;
 #pragma unroll
                         for (int j = 0; j < AWQ_NT; j++)
                                 szb[i][j][q] = G64 || 32 * hc < a.K ? ld_stream(sc + 8 * j)
@@ -317,7 +317,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 32) + d - 1) / d)};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = hi ? (g64 ? k_gemv_awq<true, true> : k_gemv_awq<true, false>)
@@ -350,17 +350,21 @@ uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
                 per_sm = 1;
         uint32_t slots = (uint32_t) n_sm * (uint32_t) per_sm;
         uint32_t ctas = matrices * awq_tiles(n) / AWQ_NT, chunks = div_up(k, AWQ_KC);
+        /* One wave of resident CTAs if the matrix is small enough: the most slices that
+         * still fit, each CTA's loads all in flight at once. Above a wave, the fewest
+         * slices that fill the last wave best: fewer slices mean fewer partial sums to
+         * write and read back. Each warp keeps at least one chunk. */
         uint32_t best = 1;
         double best_fill = 0;
-        /* The fewest slices whose CTAs fill the last wave of resident CTAs to 85%: fewer
-         * slices mean fewer partial sums to write and read back. Each warp keeps at least
-         * one chunk. */
         for (uint32_t s = 1; s <= 8 && chunks >= s * AWQ_KW; s++) {
                 uint32_t n_ctas = ctas * s;
+                if (ctas <= slots) {
+                        if (n_ctas <= slots)
+                                best = s;
+                        continue;
+                }
                 double fill = (double) n_ctas / ((double) div_up(n_ctas, slots) * slots);
-                if (fill >= 0.85)
-                        return s;
-                if (fill > best_fill) {
+                if (fill > best_fill + 0.02) {
                         best_fill = fill;
                         best = s;
                 }
