@@ -352,8 +352,9 @@ uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
         uint32_t ctas = matrices * awq_tiles(n) / AWQ_NT, chunks = div_up(k, AWQ_KC);
         /* One wave of resident CTAs if the matrix is small enough: the most slices that
          * still fit, each CTA's loads all in flight at once. Above a wave, the fewest
-         * slices that fill the last wave best: fewer slices mean fewer partial sums to
-         * write and read back. Each warp keeps at least one chunk. */
+         * slices that fill the last wave to 85%: many short CTAs cost more than a partial
+         * wave (7B gate_up, 1.8 waves: 27.9 us unsplit, 31.0 us in 5 slices; PERF.md).
+         * Each warp keeps at least one chunk. */
         uint32_t best = 1;
         double best_fill = 0;
         for (uint32_t s = 1; s <= 8 && chunks >= s * AWQ_KW; s++) {
@@ -364,7 +365,9 @@ uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
                         continue;
                 }
                 double fill = (double) n_ctas / ((double) div_up(n_ctas, slots) * slots);
-                if (fill > best_fill + 0.02) {
+                if (fill >= 0.85)
+                        return s;
+                if (fill > best_fill) {
                         best_fill = fill;
                         best = s;
                 }
