@@ -70,9 +70,10 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
  *
  * A CTA of AWQ_KW warps takes AWQ_NT tiles and one K slice (blockIdx.y): its warps split
  * the slice's chunks, each with AWQ_D chunks of loads in flight, and their sums meet in
- * shared memory in warp order. blockIdx.z is the MoE expert. Rows go in passes of 8
- * (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8 rows re-read
- * their weights per pass (mostly from L2; at decode an expert rarely gets that many). A
+ * shared memory in warp order. blockIdx.z is the MoE slot (expert ids[z]). Rows go in
+ * passes of 8 (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8
+ * rows re-read their weights per pass (mostly from L2; at decode an expert rarely gets
+ * that many). A
  * row's result depends only on its own x row (the mma's columns are independent, and the
  * arithmetic is the same in both kinds of pass), never on the other rows or their number. */
 
@@ -181,7 +182,8 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 #pragma unroll
                 for (int q = 0; q < Q; q++) {
                         uint32_t hc = 2 * ch + q;
-                        const uint2 *sc = sp + (size_t) __umulhi(2 * hc, a.group_magic) * group_recs;
+                        uint32_t grp = __umulhi(2 * hc, a.group_magic);
+                        const uint2 *sc = sp + (size_t) grp * group_recs;
 #pragma unroll
                         for (int j = 0; j < AWQ_NT; j++)
                                 szb[i][j][q] = G64 || 32 * hc < a.K ? ld_stream(sc + 8 * j)
@@ -202,7 +204,8 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
         auto compute = [&](int i, uint2 (*xq)[4]) {
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
-                        const uint32_t wd[4] = {buf[i][j].x, buf[i][j].y, buf[i][j].z, buf[i][j].w};
+                        const uint4 v = buf[i][j];
+                        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                         for (int q = 0; q < Q; q++) {
                                 uint2 r = szb[i][j][q];
@@ -515,7 +518,8 @@ __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         if (u >= (size_t) n_tiles * chunks * 32)
                 return;
-        uint32_t lane = u % 32, ch = (u / 32) % chunks, tile = tile_lo + (uint32_t) (u / 32 / chunks);
+        uint32_t lane = u % 32, ch = (u / 32) % chunks;
+        uint32_t tile = tile_lo + (uint32_t) (u / 32 / chunks);
         uint32_t g = lane / 4, t = lane % 4, words = n / 8, end = n_off + n;
         size_t at = awq_unit(tile, ch, chunks) * 32 + lane;
         uint4 v = qw[at];
@@ -528,7 +532,8 @@ __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off
                         uint32_t k = ch * AWQ_KC + 16 * j + 4 * t + (i & 2) + (i >> 2), q = 0;
                         if (col < end && k < K) {
                                 uint32_t c = col - n_off;
-                                q = (qweight[(size_t) k * words + c / 8] >> (4 * AWQ_REV[c % 8])) & 0xF;
+                                q = (qweight[(size_t) k * words + c / 8] >> (4 * AWQ_REV[c % 8])) &
+                                    0xF;
                         }
                         wd[j] = (wd[j] & ~(0xFu << (4 * i))) | (q << (4 * i));
                 }
@@ -602,7 +607,8 @@ __global__ void k_awq_dequant(const uint4 *qw, const __half *sz, uint32_t K, uin
                                 d[m] = ((float) ((wd[j] >> (4 * nib[m])) & 0xF) - z) * s;
                         o[0] = __floats2half2_rn(d[0], d[1]);
                         o[1] = __floats2half2_rn(d[2], d[3]);
-                        *(uint2 *) (w16 + (size_t) col * K + k) = make_uint2(h2_as_u32(o[0]), h2_as_u32(o[1]));
+                        *(uint2 *) (w16 + (size_t) col * K + k) =
+                                make_uint2(h2_as_u32(o[0]), h2_as_u32(o[1]));
                 }
         }
 }
@@ -640,7 +646,8 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         *splits = l.splits;
 
         /* token r's experts: distinct, from a fixed pseudo-random sequence */
-        uint32_t *off = (uint32_t *) calloc(mats + 1, 4), *list = (uint32_t *) calloc(pairs + 1, 4);
+        uint32_t *off = (uint32_t *) calloc(mats + 1, 4);
+        uint32_t *list = (uint32_t *) calloc(pairs + 1, 4);
         uint32_t *of = (uint32_t *) calloc(pairs + 1, 4), active = 0, seed = 12345;
         if (!off || !list || !of) {
                 free(off);
@@ -713,8 +720,8 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                 v.qw = (uint4 *) ((char *) qw + (c % copies) * qb * mats);
                 v.sz = (__half2 *) ((char *) sz + (c % copies) * sb * mats);
                 if (n_experts)
-                        cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd, top_k,
-                                x, in, y, (size_t) pairs * out);
+                        cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
+                                top_k, x, in, y, (size_t) pairs * out);
                 else
                         cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out);
         }
