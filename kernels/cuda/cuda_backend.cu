@@ -2,7 +2,7 @@
 /* The CUDA backend: Llama, Qwen2 and DeepSeek-V2/V3 (MLA + MoE) forward passes on one GPU,
  * with the stage names of kernels/cpu/cpu_backend.c so the two read side by side.
  *
- * Weights go up once at load: AWQ linears repacked for the GEMV (cuda_kernels.cu), q|k|v
+ * Weights go up once at load: AWQ linears repacked for the GEMV (cuda_gemv.cu), q|k|v
  * and gate|up fused, dense layers and the embedding as FP16, norms and biases as float32.
  * A step's tokens are dealt into tiles (rows, attention items, block-table entries and
  * logits rows bounded by the scratch sized at load); each tile runs through every layer.

@@ -74,6 +74,15 @@ int cuda_test_add_norm(
 int cuda_test_sample(const float *logits, uint32_t rows, uint32_t vocab, const BkSeq *seqs,
         bool graph, int32_t *ids, float *logits_after, DsError *err);
 
+/* Bench hook (defined in cuda_gemv.cu): the INT4 GEMV on an in -> out AWQ matrix of group
+ * size gs with rows rows, or, when n_experts > 0, the expert GEMV over n_experts such
+ * matrices with rows tokens of top_k distinct experts each (x_div = top_k). Times launches
+ * replayed from a CUDA graph over enough copies of the weights that they come from DRAM:
+ * *us per launch, *bytes of weights (scales included) one launch reads, *splits its K
+ * slices. */
+int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t rows, uint32_t n_experts,
+        uint32_t top_k, double *us, double *bytes, uint32_t *splits, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

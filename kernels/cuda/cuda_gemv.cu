@@ -2,6 +2,9 @@
 /* The GEMVs (INT4 AWQ up to 16 rows, also per MoE expert; dense FP16 up to GEMV_ROWS), the
  * AWQ repack that lays the weights out for them, and the dequantization the cuBLAS path
  * multiplies (see cuda_kernels.cuh). */
+extern "C" {
+#include "cuda_backend.h"
+}
 #include "cuda_kernels.cuh"
 
 /* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
@@ -56,8 +59,9 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
  * order is a permutation of ours (its k 2t, 2t+1, 2t+8, 2t+9 are our 4t..4t+3, in A and B
  * alike), so a lane's x fragment is 4 consecutive halves (one 8-byte load) and a lop3 on
  * nibbles i and i + 4 gives an A register: 0x6400 | q is the fp16 1024 + q; the upper
- * nibbles come out as 1024 + 16q and one fma brings them back. The units of a tile follow
- * each other along k: a warp reads 512 contiguous bytes per tile and chunk.
+ * nibbles come out as 1024 + 16q and one fma brings them back. Units go by groups of
+ * AWQ_NT tiles (one CTA's), chunk after chunk, the group's tiles next to each other
+ * (awq_unit): a warp reads AWQ_NT * 512 contiguous bytes per chunk.
  *
  * Scales and zeros: 8 bytes per (group, tile, g): s of columns g and g + 8, then -(1024 +
  * z) of column g and -(64 + z) of column g + 8 in fp16, so one hadd2 / hfma2 yields q - z
@@ -66,9 +70,10 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
  *
  * A CTA of AWQ_KW warps takes AWQ_NT tiles and one K slice (blockIdx.y): its warps split
  * the slice's chunks, each with AWQ_D chunks of loads in flight, and their sums meet in
- * shared memory in warp order. blockIdx.z is the MoE expert. Rows go in passes of 8
- * (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8 rows re-read
- * their weights per pass (mostly from L2; at decode an expert rarely gets that many). A
+ * shared memory in warp order. blockIdx.z is the MoE slot (expert ids[z]). Rows go in
+ * passes of 8 (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8
+ * rows re-read their weights per pass (mostly from L2; at decode an expert rarely gets
+ * that many). A
  * row's result depends only on its own x row (the mma's columns are independent, and the
  * arithmetic is the same in both kinds of pass), never on the other rows or their number. */
 
@@ -76,7 +81,20 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
 #define AWQ_KC 64
 #define AWQ_NT 2
 #define AWQ_KW 4
-#define AWQ_D  4
+#define AWQ_D  4 /* even */
+
+/* Index of unit (tile, chunk) among a matrix's units of chunks chunks each. */
+__host__ __device__ static inline size_t awq_unit(uint32_t tile, uint32_t ch, uint32_t chunks)
+{
+        return ((size_t) (tile / AWQ_NT) * chunks + ch) * AWQ_NT + tile % AWQ_NT;
+}
+
+/* Tiles of an AWQ matrix of n columns: a whole number of CTAs' worth (the padding is
+ * zero), so that no CTA checks for a missing tile. */
+static inline uint32_t awq_tiles(uint32_t n)
+{
+        return div_up(n, AWQ_TN * AWQ_NT) * AWQ_NT;
+}
 
 struct AwqArgs {
         const uint4 *qw;
@@ -88,18 +106,28 @@ struct AwqArgs {
         const __half *x;
         float *y;
         size_t slice_stride;
-        uint32_t K, N, gs, tiles, chunks, splits;
+        uint32_t K, N, tiles, chunks, splits;
+        uint32_t group_magic; /* ceil(2^31 / (group size / 32)) */
 };
+
+/* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
+template <uint32_t MASK>
+__device__ __forceinline__ __half2 nibbles(uint32_t w)
+{
+        uint32_t r;
+        asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(MASK), "n"(0x64006400u));
+        return u32_as_h2(r);
+}
 
 /* The A registers of one word; zlo = -(1024 + z) of column g, zhi = -(64 + z) of g + 8. */
 __device__ __forceinline__ void awq_a(uint32_t w, __half2 zlo, __half2 zhi, uint32_t *a)
 {
         const __half2 sixteenth = __float2half2_rn(1.0f / 16.0f);
-        a[0] = h2_as_u32(__hadd2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), zlo));
-        a[1] = h2_as_u32(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, zhi));
+        a[0] = h2_as_u32(__hadd2(nibbles<0x000f000fu>(w), zlo));
+        a[1] = h2_as_u32(__hfma2(nibbles<0x00f000f0u>(w), sixteenth, zhi));
         w >>= 8;
-        a[2] = h2_as_u32(__hadd2(u32_as_h2((w & 0x000f000fu) | 0x64006400u), zlo));
-        a[3] = h2_as_u32(__hfma2(u32_as_h2((w & 0x00f000f0u) | 0x64006400u), sixteenth, zhi));
+        a[2] = h2_as_u32(__hadd2(nibbles<0x000f000fu>(w), zlo));
+        a[3] = h2_as_u32(__hfma2(nibbles<0x00f000f0u>(w), sixteenth, zhi));
 }
 
 __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint2 b)
@@ -111,24 +139,28 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint2 b)
 }
 
 /* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
- * w1); HI has half the chunks in flight, for registers. G64: the group size is a multiple of the chunk, so one (scale, zero) per tile
- * and chunk; else one per half chunk (32 k). */
+ * w1); HI has half the chunks in flight, for registers. G64: the group size is a multiple
+ * of the chunk (so is K), one (scale, zero) per tile and chunk; else one per half chunk
+ * (32 k), and the last chunk may be half beyond K. */
 template <bool HI, bool G64>
 __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
-        uint32_t tile0, uint32_t nts, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
+        uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
         float (*red)[AWQ_NT][8][32])
 {
         constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        /* Lanes past the pass's rows read its first row: their columns of the mma's
+         * result are never written, and no other column depends on them. */
         const __half *xr[H];
-        bool xv[H];
 #pragma unroll
         for (int h = 0; h < H; h++) {
-                uint32_t i = p0 + g + 8 * h;
-                xv[h] = g + 8 * h < pr;
-                uint32_t row = !xv[h] ? 0 : a.list ? a.list[i] / a.x_div : i;
+                uint32_t i = p0 + (g + 8 * h < pr ? g + 8 * h : 0);
+                uint32_t row = a.list ? a.list[i] / a.x_div : i;
                 xr[h] = a.x + (size_t) row * a.ldx + 4 * t;
         }
+        const uint4 *qp = qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
+        const uint2 *sp = sz + (size_t) tile0 * 8 + g;
+        uint32_t group_recs = a.tiles * 8;
         float c[AWQ_NT][H][4];
 #pragma unroll
         for (int j = 0; j < AWQ_NT; j++)
@@ -137,40 +169,43 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                         c[j][h][0] = c[j][h][1] = c[j][h][2] = c[j][h][3] = 0.0f;
         uint4 buf[D][AWQ_NT];
         uint2 szb[D][AWQ_NT][Q];
-        uint2 xq[H][4], xn[H][4];
+        uint2 xb[2][H][4]; /* x of the chunk being computed and of the next (stage parity) */
 
         /* weights and scales of chunk ch into stage i; a half chunk beyond K gets zero
-         * scales (its x is zero too) */
+         * scales (its x is zero too). The group of half chunk hc is hc / (gs / 32), as a
+         * multiply-high of 2 hc (exact for hc < 2^15). */
         auto load = [&](int i, uint32_t ch) {
+                const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
 #pragma unroll
-                for (int j = 0; j < AWQ_NT; j++) {
-                        if (j >= nts)
-                                break;
-                        buf[i][j] = ld_stream(qw + ((size_t) (tile0 + j) * a.chunks + ch) * 32 + lane);
+                for (int j = 0; j < AWQ_NT; j++)
+                        buf[i][j] = ld_stream(qc + 32 * j);
 #pragma unroll
-                        for (int q = 0; q < Q; q++) {
-                                uint32_t k = ch * AWQ_KC + 32 * q;
-                                szb[i][j][q] = k < a.K ? ld_stream(sz + ((size_t) (k / a.gs) * a.tiles + tile0 + j) * 8 + g)
-                                                       : make_uint2(0, 0);
-                        }
+                for (int q = 0; q < Q; q++) {
+                        uint32_t hc = 2 * ch + q;
+                        uint32_t grp = __umulhi(2 * hc, a.group_magic);
+                        const uint2 *sc = sp + (size_t) grp * group_recs;
+#pragma unroll
+                        for (int j = 0; j < AWQ_NT; j++)
+                                szb[i][j][q] = G64 || 32 * hc < a.K ? ld_stream(sc + 8 * j)
+                                                                    : make_uint2(0, 0);
                 }
         };
         auto load_x = [&](uint2 (*xd)[4], uint32_t ch) {
 #pragma unroll
-                for (int h = 0; h < H; h++)
+                for (int h = 0; h < H; h++) {
+                        const __half *p = xr[h] + (size_t) ch * AWQ_KC;
 #pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                                uint32_t k = ch * AWQ_KC + 16 * j;
-                                xd[h][j] = xv[h] && k < a.K ? __ldg((const uint2 *) (xr[h] + k))
-                                                            : make_uint2(0, 0);
-                        }
+                        for (int j = 0; j < 4; j++)
+                                xd[h][j] = G64 || ch * AWQ_KC + 16 * j < a.K
+                                        ? __ldg((const uint2 *) (p + 16 * j))
+                                        : make_uint2(0, 0);
+                }
         };
-        auto compute = [&](int i) {
+        auto compute = [&](int i, uint2 (*xq)[4]) {
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
-                        if (j >= nts)
-                                break;
-                        const uint32_t wd[4] = {buf[i][j].x, buf[i][j].y, buf[i][j].z, buf[i][j].w};
+                        const uint4 v = buf[i][j];
+                        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
                         for (int q = 0; q < Q; q++) {
                                 uint2 r = szb[i][j][q];
@@ -205,8 +240,9 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 for (int i = 0; i < D; i++)
                         if (w0 + i < w1)
                                 load(i, w0 + i);
-                load_x(xq, w0);
+                load_x(xb[0], w0);
         }
+        /* D is even: stage i's x is xb[i % 2] on every round */
         for (uint32_t base = w0; base < w1; base += D) {
 #pragma unroll
                 for (int i = 0; i < D; i++) {
@@ -214,15 +250,10 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                         if (ch >= w1)
                                 break;
                         if (ch + 1 < w1)
-                                load_x(xn, ch + 1);
-                        compute(i);
+                                load_x(xb[(i + 1) % 2], ch + 1);
+                        compute(i, xb[i % 2]);
                         if (ch + D < w1)
                                 load(i, ch + D);
-#pragma unroll
-                        for (int h = 0; h < H; h++)
-#pragma unroll
-                                for (int j = 0; j < 4; j++)
-                                        xq[h][j] = xn[h][j];
                 }
         }
 
@@ -239,8 +270,6 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 float *ys = a.y + blockIdx.y * a.slice_stride;
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
-                        if (j >= nts)
-                                break;
 #pragma unroll
                         for (int h = 0; h < H; h++)
 #pragma unroll
@@ -262,7 +291,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 }
 
 template <bool HI, bool G64>
-__global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
+__global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(const AwqArgs a)
 {
         __shared__ float red[AWQ_KW][AWQ_NT][8][32];
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z, r0 = 0, r1 = a.rows;
@@ -270,7 +299,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
                 r0 = a.off[blockIdx.z];
                 r1 = a.off[blockIdx.z + 1];
         }
-        uint32_t tile0 = blockIdx.x * AWQ_NT, nts = min((uint32_t) AWQ_NT, a.tiles - tile0);
+        uint32_t tile0 = blockIdx.x * AWQ_NT;
         uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
         uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
         uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
@@ -278,7 +307,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32) k_gemv_awq(const AwqArgs a)
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         for (uint32_t p0 = r0; p0 < r1; p0 += HI ? 16 : 8)
-                awq_pass<HI, G64>(a, qw, sz, tile0, nts, w0, w1, p0, min(HI ? 16u : 8u, r1 - p0),
+                awq_pass<HI, G64>(a, qw, sz, tile0, w0, w1, p0, min(HI ? 16u : 8u, r1 - p0),
                         red);
 }
 
@@ -288,10 +317,11 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
         size_t slice_stride)
 {
+        uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
-                slice_stride, l->in, l->out, l->group_size, div_up(l->out, AWQ_TN),
-                div_up(l->in, AWQ_KC), l->splits};
-        dim3 grid(div_up(a.tiles, AWQ_NT), l->splits, n_mat);
+                slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
+        dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = hi ? (g64 ? k_gemv_awq<true, true> : k_gemv_awq<true, false>)
                     : (g64 ? k_gemv_awq<false, true> : k_gemv_awq<false, false>);
@@ -309,7 +339,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
 void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,
         size_t *sz_bytes)
 {
-        size_t tiles = div_up(out, AWQ_TN);
+        size_t tiles = awq_tiles(out);
         *qw_bytes = tiles * div_up(in, AWQ_KC) * 512;
         *sz_bytes = (size_t) (in / group_size) * tiles * AWQ_TN * 4;
 }
@@ -322,14 +352,21 @@ uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
                 per_sm < 1)
                 per_sm = 1;
         uint32_t slots = (uint32_t) n_sm * (uint32_t) per_sm;
-        uint32_t ctas = matrices * div_up(div_up(n, AWQ_TN), AWQ_NT), chunks = div_up(k, AWQ_KC);
+        uint32_t ctas = matrices * awq_tiles(n) / AWQ_NT, chunks = div_up(k, AWQ_KC);
+        /* One wave of resident CTAs if the matrix is small enough: the most slices that
+         * still fit, each CTA's loads all in flight at once. Above a wave, the fewest
+         * slices that fill the last wave to 85%: many short CTAs cost more than a partial
+         * wave (7B gate_up, 1.8 waves: 27.9 us unsplit, 31.0 us in 5 slices; PERF.md).
+         * Each warp keeps at least one chunk. */
         uint32_t best = 1;
         double best_fill = 0;
-        /* The fewest slices whose CTAs fill the last wave of resident CTAs to 85%: fewer
-         * slices mean fewer partial sums to write and read back. Each warp keeps at least
-         * one chunk. */
         for (uint32_t s = 1; s <= 8 && chunks >= s * AWQ_KW; s++) {
                 uint32_t n_ctas = ctas * s;
+                if (ctas <= slots) {
+                        if (n_ctas <= slots)
+                                best = s;
+                        continue;
+                }
                 double fill = (double) n_ctas / ((double) div_up(n_ctas, slots) * slots);
                 if (fill >= 0.85)
                         return s;
@@ -481,9 +518,10 @@ __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         if (u >= (size_t) n_tiles * chunks * 32)
                 return;
-        uint32_t lane = u % 32, ch = (u / 32) % chunks, tile = tile_lo + (uint32_t) (u / 32 / chunks);
+        uint32_t lane = u % 32, ch = (u / 32) % chunks;
+        uint32_t tile = tile_lo + (uint32_t) (u / 32 / chunks);
         uint32_t g = lane / 4, t = lane % 4, words = n / 8, end = n_off + n;
-        size_t at = ((size_t) tile * chunks + ch) * 32 + lane;
+        size_t at = awq_unit(tile, ch, chunks) * 32 + lane;
         uint4 v = qw[at];
         uint32_t wd[4] = {v.x, v.y, v.z, v.w};
         for (uint32_t j = 0; j < 4; j++)
@@ -494,7 +532,8 @@ __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off
                         uint32_t k = ch * AWQ_KC + 16 * j + 4 * t + (i & 2) + (i >> 2), q = 0;
                         if (col < end && k < K) {
                                 uint32_t c = col - n_off;
-                                q = (qweight[(size_t) k * words + c / 8] >> (4 * AWQ_REV[c % 8])) & 0xF;
+                                q = (qweight[(size_t) k * words + c / 8] >> (4 * AWQ_REV[c % 8])) &
+                                    0xF;
                         }
                         wd[j] = (wd[j] & ~(0xFu << (4 * i))) | (q << (4 * i));
                 }
@@ -525,7 +564,7 @@ __global__ void k_awq_scales(const uint32_t *qzeros, const __half *scales, uint3
 void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
         const uint32_t *qzeros, const __half *scales, uint32_t n, uint32_t n_off)
 {
-        uint32_t tiles = div_up(l->out, AWQ_TN), chunks = div_up(l->in, AWQ_KC);
+        uint32_t tiles = awq_tiles(l->out), chunks = div_up(l->in, AWQ_KC);
         bool last = n_off + n == l->out;
         uint32_t tile_lo = n_off / AWQ_TN, tile_hi = last ? tiles : div_up(n_off + n, AWQ_TN);
         size_t units = (size_t) (tile_hi - tile_lo) * chunks * 32;
@@ -547,7 +586,7 @@ __global__ void k_awq_dequant(const uint4 *qw, const __half *sz, uint32_t K, uin
                 return;
         uint32_t lane = u % 32, ch = (u / 32) % chunks, tile = (uint32_t) (u / 32 / chunks);
         uint32_t g = lane / 4, t = lane % 4;
-        uint4 v = qw[u];
+        uint4 v = qw[awq_unit(tile, ch, chunks) * 32 + lane];
         const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
         for (uint32_t j = 0; j < 4; j++) {
                 uint32_t k = ch * AWQ_KC + 16 * j + 4 * t;
@@ -568,15 +607,169 @@ __global__ void k_awq_dequant(const uint4 *qw, const __half *sz, uint32_t K, uin
                                 d[m] = ((float) ((wd[j] >> (4 * nib[m])) & 0xF) - z) * s;
                         o[0] = __floats2half2_rn(d[0], d[1]);
                         o[1] = __floats2half2_rn(d[2], d[3]);
-                        *(uint2 *) (w16 + (size_t) col * K + k) = make_uint2(h2_as_u32(o[0]), h2_as_u32(o[1]));
+                        *(uint2 *) (w16 + (size_t) col * K + k) =
+                                make_uint2(h2_as_u32(o[0]), h2_as_u32(o[1]));
                 }
         }
 }
 
 void cu_awq_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
 {
-        uint32_t tiles = div_up(l->out, AWQ_TN), chunks = div_up(l->in, AWQ_KC);
+        uint32_t tiles = awq_tiles(l->out), chunks = div_up(l->in, AWQ_KC);
         size_t units = (size_t) tiles * chunks * 32;
         k_awq_dequant<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
                 l->qw, (const __half *) l->sz, l->in, l->out, l->group_size, tiles, chunks, w16);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Bench hook (cuda_backend.h) */
+
+extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t rows,
+        uint32_t n_experts, uint32_t top_k, double *us, double *bytes, uint32_t *splits,
+        DsError *err)
+{
+        int dev = 0, n_sm = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess)
+                e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess)
+                return ds_error(err, -EIO, "bench awq: device: %s", cudaGetErrorString(e));
+        size_t qb, sb;
+        cu_awq_sizes(in, out, gs, &qb, &sb);
+        uint32_t mats = n_experts ? n_experts : 1, pairs = n_experts ? rows * top_k : rows;
+        CuLinear l = {};
+        l.awq = true;
+        l.in = in;
+        l.out = out;
+        l.group_size = gs;
+        l.splits = cu_awq_splits(n_sm, out, in, n_experts ? top_k : 1);
+        *splits = l.splits;
+
+        /* token r's experts: distinct, from a fixed pseudo-random sequence */
+        uint32_t *off = (uint32_t *) calloc(mats + 1, 4);
+        uint32_t *list = (uint32_t *) calloc(pairs + 1, 4);
+        uint32_t *of = (uint32_t *) calloc(pairs + 1, 4), active = 0, seed = 12345;
+        if (!off || !list || !of) {
+                free(off);
+                free(list);
+                free(of);
+                return ds_error(err, -ENOMEM, "bench awq: out of memory");
+        }
+        for (uint32_t p = 0; n_experts && p < pairs; p++) {
+                bool dup = true;
+                while (dup) {
+                        seed = seed * 1664525u + 1013904223u;
+                        of[p] = (seed >> 8) % n_experts;
+                        dup = false;
+                        for (uint32_t q = p - p % top_k; q < p; q++)
+                                dup = dup || of[q] == of[p];
+                }
+                off[of[p] + 1]++;
+        }
+        for (uint32_t x = 0; n_experts && x < n_experts; x++) {
+                active += off[x + 1] > 0;
+                off[x + 1] += off[x];
+        }
+        for (uint32_t p = 0; n_experts && p < pairs; p++)
+                list[off[of[p]]++] = p;
+        for (uint32_t x = mats; n_experts && x > 0; x--)
+                off[x] = off[x - 1];
+        off[0] = 0;
+        *bytes = (double) (qb + sb) * (n_experts ? active : 1);
+        /* enough copies that a launch's weights were evicted from L2 (50 MB) since the
+         * last launch on the same copy */
+        uint32_t copies = (uint32_t) ((double) (1u << 29) / *bytes) + 1;
+        copies = copies < 2 ? 2 : copies > 64 ? 64 : copies;
+
+        uint4 *qw = NULL;
+        __half2 *sz = NULL;
+        __half *x = NULL;
+        float *y = NULL;
+        uint32_t *offd = NULL, *listd = NULL;
+        cudaStream_t st = NULL;
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        cudaEvent_t t0 = NULL, t1 = NULL;
+        e = cudaMalloc(&qw, qb * mats * copies);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&sz, sb * mats * copies);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&x, (size_t) pairs * in * 2);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&y, (size_t) l.splits * pairs * out * 4);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&offd, (mats + 1) * 4);
+        if (e == cudaSuccess)
+                e = cudaMalloc(&listd, (pairs + 1) * 4);
+        if (e == cudaSuccess)
+                e = cudaMemset(qw, 0x5a, qb * mats * copies);
+        if (e == cudaSuccess)
+                e = cudaMemset(sz, 0x11, sb * mats * copies);
+        if (e == cudaSuccess)
+                e = cudaMemset(x, 0x22, (size_t) pairs * in * 2);
+        if (e == cudaSuccess)
+                e = cudaMemcpy(offd, off, (mats + 1) * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+                e = cudaMemcpy(listd, list, (pairs + 1) * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+                e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+        if (e == cudaSuccess)
+                e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+        for (uint32_t c = 0; e == cudaSuccess && c < 2 * copies; c++) {
+                CuLinear v = l;
+                v.qw = (uint4 *) ((char *) qw + (c % copies) * qb * mats);
+                v.sz = (__half2 *) ((char *) sz + (c % copies) * sb * mats);
+                if (n_experts)
+                        cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
+                                top_k, x, in, y, (size_t) pairs * out);
+                else
+                        cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out);
+        }
+        if (st) {
+                cudaError_t e2 = cudaStreamEndCapture(st, &graph);
+                if (e == cudaSuccess)
+                        e = e2;
+        }
+        if (e == cudaSuccess)
+                e = cudaGraphInstantiate(&exec, graph, 0);
+        if (e == cudaSuccess)
+                e = cudaEventCreate(&t0);
+        if (e == cudaSuccess)
+                e = cudaEventCreate(&t1);
+        if (e == cudaSuccess)
+                e = cudaGraphLaunch(exec, st);
+        if (e == cudaSuccess)
+                e = cudaEventRecord(t0, st);
+        for (int i = 0; e == cudaSuccess && i < 5; i++)
+                e = cudaGraphLaunch(exec, st);
+        if (e == cudaSuccess)
+                e = cudaEventRecord(t1, st);
+        if (e == cudaSuccess)
+                e = cudaEventSynchronize(t1);
+        float ms = 0;
+        if (e == cudaSuccess)
+                e = cudaEventElapsedTime(&ms, t0, t1);
+        *us = ms * 1e3 / (5.0 * 2 * copies);
+        if (exec)
+                cudaGraphExecDestroy(exec);
+        if (graph)
+                cudaGraphDestroy(graph);
+        if (t0)
+                cudaEventDestroy(t0);
+        if (t1)
+                cudaEventDestroy(t1);
+        if (st)
+                cudaStreamDestroy(st);
+        cudaFree(qw);
+        cudaFree(sz);
+        cudaFree(x);
+        cudaFree(y);
+        cudaFree(offd);
+        cudaFree(listd);
+        free(off);
+        free(list);
+        free(of);
+        if (e != cudaSuccess)
+                return ds_error(err, -EIO, "bench awq %u->%u: %s", in, out, cudaGetErrorString(e));
+        return 0;
 }
