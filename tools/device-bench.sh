@@ -1,0 +1,38 @@
+#!/bin/sh
+# The GPU benchmark in one device command: builds with tools/device-build.sh, runs the gpu
+# suite (a failing check stops here), writes the synthetic checkpoints, benches them and
+# prints the tables last. Logs go to $OUT (or /tmp). Shapes: qwen2-7b deepseek-v2-lite by
+# default, qwen2-32b too with --full (decode batch 1 and prefill 2048 only: 78 GiB).
+#   tools/device-bench.sh [--full]
+set -u
+out=${OUT:-/tmp}
+full=0
+[ "${1:-}" = "--full" ] && full=1
+t0=$(date +%s)
+tools/device-build.sh true || exit 1
+echo "build: $(($(date +%s) - t0)) s"
+export PKG_CONFIG_PATH=/tmp/sysroot/usr/lib/x86_64-linux-gnu/pkgconfig
+export LD_LIBRARY_PATH=/tmp/sysroot/usr/lib/x86_64-linux-gnu
+q=build-dev/tools/dsquant/dsquant
+bench=build-dev/tests/bench/bench-cuda
+($q synth --shape qwen2-7b /tmp/q7 >"$out/synth-7b.log" 2>&1) &
+($q synth --shape deepseek-v2-lite /tmp/v2l >"$out/synth-v2l.log" 2>&1) &
+DSD_SHARED=$PWD/.device/shared meson test -C build-dev --suite gpu --print-errorlogs \
+        >"$out/gpu.log" 2>&1
+rc=$?
+wait
+grep -E "^ *[0-9]+/[0-9]+ " "$out/gpu.log"
+[ $rc -eq 0 ] || { echo "gpu suite failed: $out/gpu.log"; exit 1; }
+$bench /tmp/q7 >"$out/bench-7b.log" 2>&1
+$bench /tmp/v2l >"$out/bench-v2l.log" 2>&1
+build-dev/daemon/dsd --model /tmp/v2l --backend cuda --generate "The capital of" \
+        --max-tokens 16 2>&1 >/dev/null | tr '\r' '\n' | tail -1
+if [ $full = 1 ]; then
+        rm -rf /tmp/q7 /tmp/v2l
+        $q synth --shape qwen2-32b /tmp/q32 >"$out/synth-32b.log" 2>&1
+        DSD_BENCH_ONLY=b1,p2048 $bench /tmp/q32 >"$out/bench-32b.log" 2>&1
+        tail -13 "$out/bench-32b.log"
+fi
+tail -13 "$out/bench-7b.log"
+tail -13 "$out/bench-v2l.log"
+echo "total: $(($(date +%s) - t0)) s"
