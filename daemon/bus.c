@@ -66,7 +66,8 @@ struct Bus {
         /* What PropertiesChanged last announced, to emit only what differs. */
         BusState last_state;
         uint32_t last_context_length;
-        char *last_model, *last_backend, *last_device;
+        uint64_t last_kv_bytes_per_token;
+        char *last_model, *last_backend, *last_device, *last_architecture;
 };
 
 static void bus_get_info(Bus *b, BusInfo *ret)
@@ -79,6 +80,8 @@ static void bus_get_info(Bus *b, BusInfo *ret)
                 ret->backend = "";
         if (!ret->device)
                 ret->device = "";
+        if (!ret->architecture)
+                ret->architecture = "";
 }
 
 /* Sets error from a code and the daemon's message, and returns the negative errno sd-bus
@@ -195,6 +198,32 @@ static int bus_property_get_context_length(sd_bus *bus, const char *path, const 
 
         bus_get_info(b, &info);
         return sd_bus_message_append(reply, "u", info.context_length);
+}
+
+static int bus_property_get_architecture(sd_bus *bus, const char *path, const char *interface,
+        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
+{
+        Bus *b = userdata;
+        BusInfo info;
+
+        assert(reply);
+        assert(b);
+
+        bus_get_info(b, &info);
+        return sd_bus_message_append(reply, "s", info.architecture);
+}
+
+static int bus_property_get_kv_bytes_per_token(sd_bus *bus, const char *path, const char *interface,
+        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
+{
+        Bus *b = userdata;
+        BusInfo info;
+
+        assert(reply);
+        assert(b);
+
+        bus_get_info(b, &info);
+        return sd_bus_message_append(reply, "t", info.kv_bytes_per_token);
 }
 
 static int bus_property_get_version(sd_bus *bus, const char *path, const char *interface,
@@ -428,7 +457,8 @@ static int bus_method_get_stats(sd_bus_message *m, void *userdata, sd_bus_error 
         return sd_bus_send(NULL, reply, NULL);
 }
 
-/* State, Model, Backend, Device and ContextLength change with loads and are announced;
+/* State, Model, Backend, Device, ContextLength, Architecture and KVBytesPerToken change
+ * with loads and are announced;
  * Version and StartedAt never change for the process, so they are CONST and clients may
  * cache them. The counters change every decode step: no flag means no PropertiesChanged
  * (the introspection data says EmitsChangedSignal=false), so clients poll them. Every
@@ -448,6 +478,10 @@ static const sd_bus_vtable bus_daemon_vtable[] = {
         SD_BUS_PROPERTY(
                 "StartedAt", "t", bus_property_get_started_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY("ContextLength", "u", bus_property_get_context_length, 0,
+                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("Architecture", "s", bus_property_get_architecture, 0,
+                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("KVBytesPerToken", "t", bus_property_get_kv_bytes_per_token, 0,
                 SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("ActiveRequests", "u", bus_property_get_counter, 0, 0),
         SD_BUS_PROPERTY("QueuedRequests", "u", bus_property_get_counter, 0, 0),
@@ -535,6 +569,7 @@ Bus *bus_free(Bus *b)
         free(b->last_model);
         free(b->last_backend);
         free(b->last_device);
+        free(b->last_architecture);
         free(b);
         return NULL;
 }
@@ -583,7 +618,7 @@ static int update_string(char **s, const char *v)
 
 int bus_info_changed(Bus *b)
 {
-        const char *changed[6];
+        const char *changed[9];
         size_t n = 0;
         BusInfo info;
         int r;
@@ -598,6 +633,10 @@ int bus_info_changed(Bus *b)
         if (info.context_length != b->last_context_length) {
                 b->last_context_length = info.context_length;
                 changed[n++] = "ContextLength";
+        }
+        if (info.kv_bytes_per_token != b->last_kv_bytes_per_token) {
+                b->last_kv_bytes_per_token = info.kv_bytes_per_token;
+                changed[n++] = "KVBytesPerToken";
         }
         r = update_string(&b->last_model, info.model);
         if (r < 0)
@@ -614,6 +653,11 @@ int bus_info_changed(Bus *b)
                 return r;
         if (r > 0)
                 changed[n++] = "Device";
+        r = update_string(&b->last_architecture, info.architecture);
+        if (r < 0)
+                return r;
+        if (r > 0)
+                changed[n++] = "Architecture";
         if (n == 0)
                 return 0;
         changed[n] = NULL;

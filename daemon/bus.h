@@ -41,10 +41,12 @@ const char *bus_state_to_string(BusState s);
  * valid until get_info returns to its caller; NULL reads as "". */
 typedef struct BusInfo {
         BusState state;
-        const char *model;       /* the model directory being served, "" for none */
-        const char *backend;     /* "cpu", "cuda", "" before a model is loaded */
-        const char *device;      /* a human name: "cpu (16 threads)", "NVIDIA H200 (0)" */
-        uint32_t context_length; /* positions per sequence, 0 without a model */
+        const char *model;           /* the model directory being served, "" for none */
+        const char *backend;         /* "cpu", "cuda", "" before a model is loaded */
+        const char *device;          /* a human name: "cpu (16 threads)", "NVIDIA H200 (0)" */
+        uint32_t context_length;     /* positions per sequence, 0 without a model */
+        const char *architecture;    /* config.json's, "DeepseekV2ForCausalLM"; "" for none */
+        uint64_t kv_bytes_per_token; /* KV cache bytes per position, all layers; 0 for none */
 } BusInfo;
 
 /* Counters that change with every step; their properties are not change-signalled, so
@@ -137,7 +139,7 @@ int bus_get_timeout_usec(Bus *b, uint64_t *ret);
 int bus_process(Bus *b);
 
 /* Re-reads get_info and emits PropertiesChanged for the properties that differ from the
- * last emitted values. Call after every state, model, backend, device or context change. */
+ * last emitted values. Call after every change of what BusInfo holds. */
 int bus_info_changed(Bus *b);
 
 /* Completes the Reload() call the last successful ops->reload started: error 0 replies

@@ -46,7 +46,9 @@ typedef struct Service {
         char model[PATH_MAX]; /* served, "" for none */
         char backend[16];
         char device[64];
+        char architecture[64];
         uint32_t context_length;
+        uint64_t kv_bytes_per_token;
         bool failed;   /* the last load failed and nothing is served */
         bool drained;  /* dsctl drain */
         bool stopping; /* SIGTERM */
@@ -319,7 +321,10 @@ static void load_finish(Service *sv)
         sv->cfg = l->cfg;
         log_set_max_level(sv->cfg.log_level);
         snprintf(sv->model, sizeof(sv->model), "%s", l->cfg.model);
-        device_name(sv, server_engine(sv->srv), l);
+        const Engine *e = server_engine(sv->srv);
+        device_name(sv, e, l);
+        snprintf(sv->architecture, sizeof(sv->architecture), "%s", e->model->info.architecture);
+        sv->kv_bytes_per_token = e->ops->kv_bytes_per_token(e->be);
         sv->context_length = server_context_length(sv->srv);
         log_info("Serving '%s': %s, context %u", sv->model, sv->device, sv->context_length);
         (void) ready("serving %s", sv->model);
@@ -399,6 +404,8 @@ static void op_get_info(void *userdata, BusInfo *ret)
                 .backend = sv->model[0] ? sv->backend : "",
                 .device = sv->model[0] ? sv->device : "",
                 .context_length = sv->model[0] ? sv->context_length : 0,
+                .architecture = sv->model[0] ? sv->architecture : "",
+                .kv_bytes_per_token = sv->model[0] ? sv->kv_bytes_per_token : 0,
         };
 }
 

@@ -43,6 +43,9 @@ static void fake_get_info(void *userdata, BusInfo *ret)
                 .backend = "cpu",
                 .device = "cpu (1 thread)",
                 .context_length = strstr(f->model, "/b") ? 4096 : 2048,
+                .architecture =
+                        strstr(f->model, "/b") ? "DeepseekV2ForCausalLM" : "Qwen2ForCausalLM",
+                .kv_bytes_per_token = strstr(f->model, "/b") ? 3456 : 2048,
         };
 }
 

@@ -121,6 +121,8 @@ try:
     check(prop("Version") == "0.1.0-test", "Version")
     check(prop("StartedAt") == 1700000000000000, "StartedAt")
     check(prop("ContextLength") == 2048, "ContextLength")
+    check(prop("Architecture") == "Qwen2ForCausalLM", "Architecture")
+    check(prop("KVBytesPerToken") == 2048, "KVBytesPerToken")
     for name, want in [("ActiveRequests", 2), ("QueuedRequests", 1), ("Clients", 2),
                        ("KVBlocksTotal", 128), ("KVBlocksFree", 100),
                        ("GPUMemoryUsed", 3 << 30), ("GPUMemoryTotal", 80 << 30),
@@ -135,7 +137,8 @@ try:
         ann = [a.get("value") for a in p.findall("annotation")
                if a.get("name") == "org.freedesktop.DBus.Property.EmitsChangedSignal"]
         emits[p.get("name")] = ann[0] if ann else "true"
-    for name in ("State", "Model", "Backend", "Device", "ContextLength"):
+    for name in ("State", "Model", "Backend", "Device", "ContextLength", "Architecture",
+                 "KVBytesPerToken"):
         check(emits.get(name) == "true", f"{name} should emit PropertiesChanged: {emits.get(name)}")
     for name in ("Version", "StartedAt"):
         check(emits.get(name) == "const", f"{name} should be const: {emits.get(name)}")
@@ -170,7 +173,9 @@ try:
     took = time.monotonic() - t0
     check(r.returncode == 0, f"Reload: {r.stderr}")
     check(took >= 0.15, f"Reload replied before the reload completed ({took:.3f}s)")
-    check(prop("Model") == "/models/b" and prop("ContextLength") == 4096, "Model after Reload")
+    check(prop("Model") == "/models/b" and prop("ContextLength") == 4096
+          and prop("Architecture") == "DeepseekV2ForCausalLM" and prop("KVBytesPerToken") == 3456,
+          "Model after Reload")
 
     r = call("Reload", "s", "/models/fail")
     check(r.returncode != 0 and "field 'hidden_size' is missing" in r.stderr,
@@ -195,8 +200,10 @@ try:
                     break
     check(states == ["draining", "ready", "reloading", "ready", "reloading", "ready"],
           f"PropertiesChanged State sequence {states}")
-    check('string "/models/b"' in out and "uint32 4096" in out,
-          "PropertiesChanged carries the new Model and ContextLength")
+    check('string "/models/b"' in out and "uint32 4096" in out
+          and 'string "DeepseekV2ForCausalLM"' in out and "uint64 3456" in out,
+          "PropertiesChanged carries the new Model, ContextLength, Architecture and "
+          "KVBytesPerToken")
     check('"ActiveRequests"' not in out, "a counter was change-signalled")
 
     # ListClients, GetStats, Cancel.

@@ -262,7 +262,10 @@ static int verb_status(sd_bus *bus)
                 : bad  ? "\033[0;1;31m"
                        : "",
                 tty ? "\033[0m" : "", str(p, "Version"), state);
-        printf("      Model: %s\n", str(p, "Model")[0] ? str(p, "Model") : "(none)");
+        if (str(p, "Architecture")[0])
+                printf("      Model: %s (%s)\n", str(p, "Model"), str(p, "Architecture"));
+        else
+                printf("      Model: %s\n", str(p, "Model")[0] ? str(p, "Model") : "(none)");
         if (str(p, "Backend")[0])
                 printf("    Backend: %s on %s\n", str(p, "Backend"), str(p, "Device"));
         if (num(p, "ContextLength") > 0)
@@ -272,8 +275,11 @@ static int verb_status(sd_bus *bus)
         printf("   Requests: %.0f active, %.0f queued\n", num(p, "ActiveRequests"),
                 num(p, "QueuedRequests"));
         printf("    Clients: %.0f\n", num(p, "Clients"));
-        printf("   KV cache: %.0f of %.0f blocks free\n", num(p, "KVBlocksFree"),
+        printf("   KV cache: %.0f of %.0f blocks free", num(p, "KVBlocksFree"),
                 num(p, "KVBlocksTotal"));
+        if (num(p, "KVBytesPerToken") > 0)
+                printf(", %.0f bytes per token", num(p, "KVBytesPerToken"));
+        printf("\n");
         if (num(p, "GPUMemoryTotal") > 0)
                 printf(" GPU memory: %s of %s used\n",
                         format_bytes(num(p, "GPUMemoryUsed"), a, sizeof(a)),
