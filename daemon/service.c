@@ -580,20 +580,6 @@ static uint64_t hook_service(void *userdata)
                 }
                 state_changed(sv);
         }
-        if (sv->loading)
-                server_watch(sv->srv, 1, sv->loader_fd, POLLIN);
-        else if (sv->drain_then_load)
-                wake = now + 10000;
-
-        /* Without an engine loop the I/O thread keeps systemd's watchdog fed. */
-        if (sv->watchdog_usec > 0 && !server_engine(sv->srv)) {
-                if (now - sv->watchdog_last_usec >= sv->watchdog_usec) {
-                        sv->watchdog_last_usec = now;
-                        watchdog_ping();
-                }
-                wake = MIN(wake, sv->watchdog_last_usec + sv->watchdog_usec);
-        }
-
         if (sv->bus) {
                 uint64_t t;
                 r = bus_process(sv->bus);
@@ -602,6 +588,22 @@ static uint64_t hook_service(void *userdata)
                 server_watch(sv->srv, 0, bus_get_fd(sv->bus), bus_get_events(sv->bus));
                 if (bus_get_timeout_usec(sv->bus, &t) >= 0)
                         wake = MIN(wake, t);
+        }
+
+        /* After the bus: a Reload() call starts the loader, whose end must wake this
+         * thread even when nothing else happens meanwhile. */
+        if (sv->loading)
+                server_watch(sv->srv, 1, sv->loader_fd, POLLIN);
+        else if (sv->drain_then_load)
+                wake = MIN(wake, now + 10000);
+
+        /* Without an engine loop the I/O thread keeps systemd's watchdog fed. */
+        if (sv->watchdog_usec > 0 && !server_engine(sv->srv)) {
+                if (now - sv->watchdog_last_usec >= sv->watchdog_usec) {
+                        sv->watchdog_last_usec = now;
+                        watchdog_ping();
+                }
+                wake = MIN(wake, sv->watchdog_last_usec + sv->watchdog_usec);
         }
         return wake;
 }
