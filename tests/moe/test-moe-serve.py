@@ -23,7 +23,6 @@ rows, which dsd allows).
 """
 import json
 import os
-import select
 import shutil
 import signal
 import struct
@@ -33,7 +32,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "serve"))
+sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "service"))
 import serve_common as sc  # noqa: E402
+from service_common import (BUS_CONFIG, check, failures, generate, kill_all,  # noqa: E402
+                            start, started)
 
 DSD, DSCTL, TOOL, BUILD = sc.DSD, sc.DSCTL, sc.TOOL, sc.BUILD
 DENSE = os.path.join(BUILD, "models", "tiny")
@@ -48,37 +50,6 @@ STREAM_DELAY_MS = "25"
 NEW_PROMPT = "The little dog"
 NEW_TOKENS = 16
 CONCURRENT = ["One day", "A cat sat", "The sun", "Hello there"]
-
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={sock}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"""
-
-failures = []
-procs = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
-    return cond
-
-
-def start(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    procs.append(p)
-    return p
 
 
 def config(model):
@@ -96,16 +67,6 @@ def kv_bytes_per_token(model):
         head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
         per_layer = 2 * c["num_key_value_heads"] * head_dim
     return c["num_hidden_layers"] * per_layer * 4
-
-
-def generate(model, prompt, n):
-    p = subprocess.run([DSD, "--model", model, "--backend", "cpu", "--generate", prompt,
-                        "--max-tokens", str(n)], capture_output=True, timeout=300)
-    if p.returncode != 0:
-        sc.fail(f"dsd --generate on {model}: {p.stderr!r}")
-    if not p.stdout:
-        sc.fail(f"dsd --generate {prompt!r} on {model} wrote no text; pick another prompt")
-    return p.stdout
 
 
 def read_safetensors(path):
@@ -161,13 +122,6 @@ def cut_inside(tmp, name, src, tensor):
     for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         os.symlink(os.path.join(src, f), os.path.join(d, f))
     return d
-
-
-def started(p, timeout=120):
-    """The stream's first stderr line is "started", within timeout."""
-    if not select.select([p.stderr], [], [], timeout)[0]:
-        return False
-    return p.stderr.readline().strip() == b"started"
 
 
 class Dsd:
@@ -375,10 +329,7 @@ def run():
         with tempfile.TemporaryDirectory() as tmp:
             rc = main(tmp, os.path.abspath(sys.argv[1]))
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all()
     print(f"{len(failures)} failures" if failures else "all checks passed")
     sys.exit(rc)
 

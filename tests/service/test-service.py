@@ -27,12 +27,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "serve"))
 import serve_common as sc  # noqa: E402
+from service_common import (BUS_CONFIG, check, failures, generate, kill_all,  # noqa: E402
+                            start, started)
 
 DSD, DSCTL, TOOL, BUILD = sc.DSD, sc.DSCTL, sc.TOOL, sc.BUILD
 TINY = os.path.join(BUILD, "models", "tiny")
@@ -40,52 +41,6 @@ NOBODY = 65534
 DS_ERR_DRAINING = -(8192 + 12)
 LONG_PROMPT = "Once upon a time"
 NEW_PROMPT = "The little dog"
-
-BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>session</type>
-  <listen>unix:path={sock}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"""
-
-failures = []
-procs = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAIL:", what, file=sys.stderr)
-    return cond
-
-
-def start(args, **kw):
-    p = subprocess.Popen(args, **kw)
-    procs.append(p)
-    return p
-
-
-def generate(model, prompt, n):
-    p = subprocess.run([DSD, "--model", model, "--backend", "cpu", "--generate", prompt,
-                        "--max-tokens", str(n)], capture_output=True, timeout=120)
-    if p.returncode != 0:
-        sc.fail(f"dsd --generate on {model}: {p.stderr!r}")
-    return p.stdout
-
-
-def started(p, timeout=60):
-    """The stream's first stderr line is "started", within timeout."""
-    if not select.select([p.stderr], [], [], timeout)[0]:
-        return False
-    return p.stderr.readline().strip() == b"started"
 
 
 class UnixHTTP(http.client.HTTPConnection):
@@ -448,10 +403,7 @@ def run():
     try:
         sc.run(main)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all()
         if failures:
             print(f"{len(failures)} failures")
             sys.exit(1)
