@@ -134,7 +134,9 @@ static int bus_check_caller(Bus *b, sd_bus_message *m, sd_bus_error *error)
 
 // --- Properties ------------------------------------------------------------------------
 
-static int bus_property_get_state(sd_bus *bus, const char *path, const char *interface,
+/* All the model properties come from one bus_get_info() snapshot, as the counters below
+ * come from one get_counters(); the property name picks one. */
+static int bus_property_get_info(sd_bus *bus, const char *path, const char *interface,
         const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
 {
         Bus *b = userdata;
@@ -144,86 +146,23 @@ static int bus_property_get_state(sd_bus *bus, const char *path, const char *int
         assert(b);
 
         bus_get_info(b, &info);
-        const char *s = bus_state_to_string(info.state);
-        return sd_bus_message_append(reply, "s", s ? s : "failed");
-}
-
-static int bus_property_get_model(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "s", info.model);
-}
-
-static int bus_property_get_backend(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "s", info.backend);
-}
-
-static int bus_property_get_device(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "s", info.device);
-}
-
-static int bus_property_get_context_length(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "u", info.context_length);
-}
-
-static int bus_property_get_architecture(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "s", info.architecture);
-}
-
-static int bus_property_get_kv_bytes_per_token(sd_bus *bus, const char *path, const char *interface,
-        const char *property, sd_bus_message *reply, void *userdata, sd_bus_error *error)
-{
-        Bus *b = userdata;
-        BusInfo info;
-
-        assert(reply);
-        assert(b);
-
-        bus_get_info(b, &info);
-        return sd_bus_message_append(reply, "t", info.kv_bytes_per_token);
+        if (strcmp(property, "State") == 0) {
+                const char *s = bus_state_to_string(info.state);
+                return sd_bus_message_append(reply, "s", s ? s : "failed");
+        }
+        if (strcmp(property, "Model") == 0)
+                return sd_bus_message_append(reply, "s", info.model);
+        if (strcmp(property, "Backend") == 0)
+                return sd_bus_message_append(reply, "s", info.backend);
+        if (strcmp(property, "Device") == 0)
+                return sd_bus_message_append(reply, "s", info.device);
+        if (strcmp(property, "ContextLength") == 0)
+                return sd_bus_message_append(reply, "u", info.context_length);
+        if (strcmp(property, "Architecture") == 0)
+                return sd_bus_message_append(reply, "s", info.architecture);
+        if (strcmp(property, "KVBytesPerToken") == 0)
+                return sd_bus_message_append(reply, "t", info.kv_bytes_per_token);
+        return -ENOENT;
 }
 
 static int bus_property_get_version(sd_bus *bus, const char *path, const char *interface,
@@ -467,21 +406,21 @@ static int bus_method_get_stats(sd_bus_message *m, void *userdata, sd_bus_error 
 static const sd_bus_vtable bus_daemon_vtable[] = {
         SD_BUS_VTABLE_START(0),
         SD_BUS_PROPERTY(
-                "State", "s", bus_property_get_state, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+                "State", "s", bus_property_get_info, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY(
-                "Model", "s", bus_property_get_model, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+                "Model", "s", bus_property_get_info, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY(
-                "Backend", "s", bus_property_get_backend, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+                "Backend", "s", bus_property_get_info, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY(
-                "Device", "s", bus_property_get_device, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+                "Device", "s", bus_property_get_info, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("Version", "s", bus_property_get_version, 0, SD_BUS_VTABLE_PROPERTY_CONST),
         SD_BUS_PROPERTY(
                 "StartedAt", "t", bus_property_get_started_at, 0, SD_BUS_VTABLE_PROPERTY_CONST),
-        SD_BUS_PROPERTY("ContextLength", "u", bus_property_get_context_length, 0,
+        SD_BUS_PROPERTY("ContextLength", "u", bus_property_get_info, 0,
                 SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("Architecture", "s", bus_property_get_architecture, 0,
-                SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
-        SD_BUS_PROPERTY("KVBytesPerToken", "t", bus_property_get_kv_bytes_per_token, 0,
+        SD_BUS_PROPERTY(
+                "Architecture", "s", bus_property_get_info, 0, SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
+        SD_BUS_PROPERTY("KVBytesPerToken", "t", bus_property_get_info, 0,
                 SD_BUS_VTABLE_PROPERTY_EMITS_CHANGE),
         SD_BUS_PROPERTY("ActiveRequests", "u", bus_property_get_counter, 0, 0),
         SD_BUS_PROPERTY("QueuedRequests", "u", bus_property_get_counter, 0, 0),
