@@ -166,6 +166,29 @@ static inline Backend *backend_open(
         return b;
 }
 
+/* One step of seqs on the CPU and on the CUDA backend: every row's logits, seqs[0]'s rows
+ * first, into want from the CPU and into got from the GPU, which is poisoned with NaN
+ * first so that a row the GPU does not write shows. */
+static inline void gpu_step_both(
+        Backend *cpu, Backend *gpu, BkSeq *seqs, uint32_t n, uint32_t V, float *want, float *got)
+{
+        DsError err = {0};
+        int32_t *ids = (int32_t *) rnd_alloc((size_t) n * 4);
+        size_t rows = 0;
+
+        for (uint32_t i = 0; i < n; i++) {
+                seqs[i].logits = want + rows * V;
+                rows += seqs[i].n_tokens;
+        }
+        CHECK(backend_cpu_ops.step(cpu, seqs, n, ids, &err) == 0, "cpu step: %s", err.msg);
+        for (uint32_t i = 0; i < n; i++)
+                seqs[i].logits = got + (size_t) (seqs[i].logits - want);
+        for (size_t i = 0; i < rows * V; i++)
+                got[i] = NAN;
+        CHECK(backend_cuda_ops.step(gpu, seqs, n, ids, &err) == 0, "cuda step: %s", err.msg);
+        free(ids);
+}
+
 /* On the CUDA backend, n <= 20 sequences, a 20-token prompt each, then 24 greedy steps of
  * all of them; out (24, n) gets the ids. */
 static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)

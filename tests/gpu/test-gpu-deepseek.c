@@ -254,10 +254,9 @@ static double rows_err(
  * all six together. Every row's logits are compared. */
 static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
 {
-        DsError err = {0};
         uint32_t V = m->cfg.vocab_size, n0 = 200, n1 = 48;
         static uint32_t blocks[N_SEQ][32];
-        int32_t *tokens = (int32_t *) rnd_alloc(n0 * N_SEQ * 4), ids[N_SEQ];
+        int32_t *tokens = (int32_t *) rnd_alloc(n0 * N_SEQ * 4);
         float *a = (float *) rnd_alloc((size_t) n0 * V * 4),
               *b = (float *) rnd_alloc((size_t) n0 * V * 4);
         double worst = 0;
@@ -279,13 +278,8 @@ static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
                                 .blocks = blocks[s],
                                 .n_blocks = 32,
                                 .sample = true,
-                                .sampling = {.repetition_penalty = 1},
-                                .logits = a};
-                        CHECK(backend_cpu_ops.step(cpu, &q, 1, ids, &err) == 0, "%s", err.msg);
-                        q.logits = b;
-                        for (size_t i = 0; i < (size_t) q.n_tokens * V; i++)
-                                b[i] = NAN;
-                        CHECK(backend_cuda_ops.step(gpu, &q, 1, ids, &err) == 0, "%s", err.msg);
+                                .sampling = {.repetition_penalty = 1}};
+                        gpu_step_both(cpu, gpu, &q, 1, V, a, b);
                         worst = fmax(worst, rows_err(b, a, q.n_tokens, V, s, "prefill"));
                 }
 
@@ -297,15 +291,8 @@ static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
                                 .pos = (s == 0 ? n0 : n1) + t,
                                 .blocks = blocks[s],
                                 .n_blocks = 32,
-                                .sampling = {.repetition_penalty = 1},
-                                .logits = a + (size_t) s * V};
-                CHECK(backend_cpu_ops.step(cpu, d, N_SEQ, ids, &err) == 0, "%s", err.msg);
-                for (uint32_t s = 0; s < N_SEQ; s++) {
-                        d[s].logits = b + (size_t) s * V;
-                        for (uint32_t i = 0; i < V; i++)
-                                b[(size_t) s * V + i] = NAN;
-                }
-                CHECK(backend_cuda_ops.step(gpu, d, N_SEQ, ids, &err) == 0, "%s", err.msg);
+                                .sampling = {.repetition_penalty = 1}};
+                gpu_step_both(cpu, gpu, d, N_SEQ, V, a, b);
                 for (uint32_t s = 0; s < N_SEQ; s++)
                         worst = fmax(worst, rows_err(b + (size_t) s * V, a + (size_t) s * V, 1, V,
                                                     s, "decode"));

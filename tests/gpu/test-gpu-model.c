@@ -36,13 +36,8 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                         .blocks = blocks[0],
                         .n_blocks = 64,
                         .sample = true,
-                        .sampling = {.repetition_penalty = 1},
-                        .logits = a};
-                CHECK(backend_cpu_ops.step(cpu, &s, 1, ids, &err) == 0, "%s", err.msg);
-                s.logits = b;
-                for (size_t i = 0; i < (size_t) s.n_tokens * V; i++)
-                        b[i] = NAN;
-                CHECK(backend_cuda_ops.step(gpu, &s, 1, ids, &err) == 0, "%s", err.msg);
+                        .sampling = {.repetition_penalty = 1}};
+                gpu_step_both(cpu, gpu, &s, 1, V, a, b);
                 double e = rel_err(b, a, (size_t) s.n_tokens * V);
                 CHECK(e < TOL, "prefill chunk %u: relative error %.3g", c, e);
                 worst = fmax(worst, e);
@@ -69,12 +64,8 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                                 .blocks = blocks[s],
                                 .n_blocks = 64,
                                 .sample = true,
-                                .sampling = {.repetition_penalty = 1},
-                                .logits = a + (size_t) s * V};
-                CHECK(backend_cpu_ops.step(cpu, q, 3, ids, &err) == 0, "%s", err.msg);
-                for (uint32_t s = 0; s < 3; s++)
-                        q[s].logits = b + (size_t) s * V;
-                CHECK(backend_cuda_ops.step(gpu, q, 3, ids, &err) == 0, "%s", err.msg);
+                                .sampling = {.repetition_penalty = 1}};
+                gpu_step_both(cpu, gpu, q, 3, V, a, b);
                 double e = rel_err(b, a, (size_t) 3 * V);
                 CHECK(e < TOL, "decode step %u: relative error %.3g", step, e);
                 worst = fmax(worst, e);
