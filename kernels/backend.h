@@ -133,6 +133,12 @@ typedef struct BkConfig {
         BkMoeConfig moe;
 } BkConfig;
 
+/* True for the architectures with MLA attention (and MoE MLPs): DeepSeek-V2 and V3. */
+static inline bool bk_is_mla(const BkConfig *c)
+{
+        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
+}
+
 /* The MLA projections besides q (q_proj when there is no q LoRA) and o of BkLayer. */
 typedef struct BkMla {
         BkLinear q_a;       /* q LoRA only: hidden → q_lora_rank */

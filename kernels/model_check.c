@@ -7,11 +7,6 @@
 #include "cpu_linear.h"
 #include "macro.h"
 
-static bool is_mla(const BkConfig *c)
-{
-        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
-}
-
 static int dimensions_check(const BkModel *m, DsError *err)
 {
         const BkConfig *c = &m->cfg;
@@ -158,7 +153,7 @@ int bk_model_check(const BkModel *m, DsError *err)
         r = dimensions_check(m, err);
         if (r < 0)
                 return r;
-        if (is_mla(c) && (r = deepseek_config_check(c, err)) < 0)
+        if (bk_is_mla(c) && (r = deepseek_config_check(c, err)) < 0)
                 return r;
         r = tensor_check(m->embed, "embedding", err);
         if (r < 0)
@@ -181,8 +176,8 @@ int bk_model_check(const BkModel *m, DsError *err)
                         {&L->up, "up_proj", c->hidden, c->intermediate},
                         {&L->down, "down_proj", c->intermediate, c->hidden},
                 };
-                r = is_mla(c) ? deepseek_layer_check(c, L, l, err)
-                              : linears_check(lins, ELEMENTSOF(lins), l, err);
+                r = bk_is_mla(c) ? deepseek_layer_check(c, L, l, err)
+                                 : linears_check(lins, ELEMENTSOF(lins), l, err);
                 if (r < 0)
                         return r;
                 snprintf(what, sizeof(what), "layer %u input_layernorm", l);

@@ -628,7 +628,7 @@ int model_config_parse(const char *name, const char *json, size_t len, BkConfig 
                         "silu)",
                         name, act);
 
-        if (c.arch == BK_ARCH_DEEPSEEK_V2 || c.arch == BK_ARCH_DEEPSEEK_V3) {
+        if (bk_is_mla(&c)) {
                 const char *type = NULL;
                 if ((r = field_string(&f, "model_type", false, &type)) < 0 ||
                         (r = parse_mla(&f, &c.rope, &c)) < 0 ||

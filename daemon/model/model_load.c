@@ -418,7 +418,7 @@ static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
         char name[256];
         int r;
 
-        if (c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3)
+        if (bk_is_mla(c))
                 return load_layer_deepseek(L, l, ret);
 
         snprintf(name, sizeof(name), "model.layers.%u.input_layernorm.weight", l);

@@ -130,21 +130,17 @@ static void kv_free(KvCache *kv)
         *kv = (KvCache){0};
 }
 
-static bool is_mla(const BkConfig *c)
-{
-        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
-}
-
 /* Floats per cached position per layer. */
 static uint32_t kv_width(const BkConfig *c)
 {
-        return is_mla(c) ? c->mla.kv_lora_rank + c->mla.qk_rope_dim : c->n_kv_heads * c->head_dim;
+        return bk_is_mla(c) ? c->mla.kv_lora_rank + c->mla.qk_rope_dim
+                            : c->n_kv_heads * c->head_dim;
 }
 
 /* The part of a head RoPE rotates. */
 static uint32_t rope_dim(const BkConfig *c)
 {
-        return is_mla(c) ? c->mla.qk_rope_dim : c->head_dim;
+        return bk_is_mla(c) ? c->mla.qk_rope_dim : c->head_dim;
 }
 
 /* The router as a dense linear, so its logits use the same float32 dot as every linear. */
@@ -192,7 +188,7 @@ static int run_state_alloc(RunState *s, const BkModel *m, uint32_t threads)
         size_t mlp_width = MAX(c->intermediate, c->moe.expert_dim * MAX(c->moe.n_shared, 1u));
         size_t rd = rope_dim(c);
 
-        if (is_mla(c)) {
+        if (bk_is_mla(c)) {
                 const BkMlaConfig *mla = &c->mla;
                 size_t lat = (size_t) TILE_ROWS * c->n_heads * mla->kv_lora_rank;
                 s->qa = calloc((size_t) TILE_ROWS * MAX(mla->q_lora_rank, 1u), sizeof(float));
@@ -542,7 +538,7 @@ static void forward(Backend *b, const BkSeq *seqs, uint32_t n)
                 rmsnorm(s->xb, s->x, L->attn_norm, n, dim, c->rms_eps);
 
                 /* attention: latent (DeepSeek) or grouped-query, into s->att_out */
-                if (is_mla(c))
+                if (bk_is_mla(c))
                         attention_mla(b, seqs, n, l);
                 else
                         attention_gqa(b, seqs, n, l);
@@ -641,7 +637,7 @@ static uint64_t cpu_kv_bytes_per_token(const Backend *b)
                 return 0;
         const BkConfig *c = &b->model->cfg;
         /* MLA keeps one latent per position; other models a K and a V. */
-        uint64_t per_layer = is_mla(c) ? kv_width(c) : 2 * (uint64_t) kv_width(c);
+        uint64_t per_layer = bk_is_mla(c) ? kv_width(c) : 2 * (uint64_t) kv_width(c);
         return (uint64_t) c->n_layers * per_layer * sizeof(float);
 }
 
@@ -663,7 +659,7 @@ static int64_t cpu_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_bytes
                         (unsigned long long) block_bytes);
 
         /* Half of block_bytes each for K and V, or all of it for MLA's latent. */
-        bool mla = is_mla(&b->model->cfg);
+        bool mla = bk_is_mla(&b->model->cfg);
         size_t floats = (size_t) (n_blocks * block_bytes / (mla ? 1 : 2) / sizeof(float));
         b->kv.k = calloc(floats, sizeof(float));
         b->kv.v = mla ? NULL : calloc(floats, sizeof(float));

@@ -164,15 +164,10 @@ static uint32_t div_up(uint32_t a, uint32_t b)
         return (a + b - 1) / b;
 }
 
-static bool is_mla(const BkConfig *c)
-{
-        return c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
-}
-
 /* Numbers per position per layer in the K cache (MLA: the latent row, and no V cache). */
 static size_t kv_dim(const BkConfig *c)
 {
-        if (is_mla(c))
+        if (bk_is_mla(c))
                 return (size_t) c->mla.kv_lora_rank + c->mla.qk_rope_dim;
         return (size_t) c->n_kv_heads * c->head_dim;
 }
@@ -180,7 +175,7 @@ static size_t kv_dim(const BkConfig *c)
 /* The width of the query scratch per row: q, or MLA's latent queries. */
 static size_t q_width(const BkConfig *c)
 {
-        if (is_mla(c))
+        if (bk_is_mla(c))
                 return (size_t) c->n_heads * kv_dim(c);
         return (size_t) c->n_heads * c->head_dim;
 }
@@ -517,7 +512,7 @@ static int model_check(const BkModel *m, DsError *err)
         if (c->hidden > 8192)
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "hidden %u: not what the kernels hold",
                         c->hidden);
-        if (!is_mla(c)) {
+        if (!bk_is_mla(c)) {
                 /* The attention kernel reads keys 16 bytes at a time (at most 32 lanes a
                  * key) and values 8 bytes at a time (at most 64 lanes a row). */
                 if (c->n_heads / c->n_kv_heads > ATT_GROUP_MAX || c->head_dim % 8 != 0 ||
@@ -1591,7 +1586,7 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
         kv_free(b);
         weights_free(b);
         b->cfg = model->cfg;
-        b->mla = is_mla(&b->cfg);
+        b->mla = bk_is_mla(&b->cfg);
         b->moe = b->mla && b->cfg.moe.n_routed > 0;
         const BkMoeConfig *mc = &b->cfg.moe;
         b->route = (CuRoute){.n_routed = mc->n_routed, .top_k = mc->top_k, .n_group = mc->n_group,

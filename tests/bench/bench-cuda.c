@@ -117,7 +117,7 @@ static double expert_bytes(const BkExpert *e)
 static double step_bytes(const BkModel *m, uint64_t kv_per_token, uint32_t ctx)
 {
         const BkConfig *c = &m->cfg;
-        bool mla = c->arch == BK_ARCH_DEEPSEEK_V2 || c->arch == BK_ARCH_DEEPSEEK_V3;
+        bool mla = bk_is_mla(c);
         double bytes = (double) c->vocab_size * c->hidden * 2; /* fp16 lm_head */
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
