@@ -434,9 +434,11 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
         } else {
                 l->kp = (p0->in + 7) / 8 * 8;
                 l->splits = split ? cu_dense_splits(b->n_sm, N, l->kp) : 1;
+                /* No cudaMemset of the padding: on the legacy stream it is not ordered
+                 * with the staged copies on b->st and could land after them, zeroing rows
+                 * (seen as text differing between concurrent daemons); the padded host rows
+                 * carry the zeros. */
                 DALLOC(l->w, (size_t) N * l->kp * 2, what);
-                if (l->kp != l->in)
-                        CU_TRY(cudaMemset(l->w, 0, (size_t) N * l->kp * 2), what);
                 uint32_t n_off = 0;
                 for (uint32_t i = 0; i < n_parts && r == 0; i++) {
                         r = upload_f16_rows(b, &parts[i]->w, parts[i]->out, l->in, l->kp,
