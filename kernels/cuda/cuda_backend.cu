@@ -145,6 +145,8 @@ struct Backend {
         cudaGraphExec_t graphs[N_BUCKETS];
         CuRoute route;    /* MoE */
         CuStaging stage;  /* open during load() only */
+        uint8_t *awq_raw; /* a checkpoint AWQ part on the device, before its repack */
+        size_t awq_raw_bytes;
 };
 
 static int cuda_fail(DsError *err, cudaError_t e, const char *what)
@@ -242,6 +244,13 @@ static void kv_free(Backend *b)
         b->n_blocks = 0;
 }
 
+static void awq_raw_free(Backend *b)
+{
+        dfree(b->awq_raw);
+        b->awq_raw = NULL;
+        b->awq_raw_bytes = 0;
+}
+
 static void weights_free(Backend *b)
 {
         graphs_free(b);
@@ -266,6 +275,7 @@ static void weights_free(Backend *b)
         dfree(b->embed);
         dfree(b->final_norm);
         dfree(b->inv_freq);
+        awq_raw_free(b);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->qn, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
@@ -357,29 +367,33 @@ static int upload_f16_rows(Backend *b, const BkTensor *t, size_t rows, uint32_t 
         return 0;
 }
 
-/* Repacks the AWQ part p into l (device storage already there) at column n_off. */
+/* Repacks the AWQ part p into l (device storage already there) at column n_off. The part
+ * goes up into one device buffer kept for the whole load: the stream orders each copy after
+ * the previous part's repack, so nothing waits here and the host can fill the pinned staging
+ * with the next part while the GPU copies and repacks this one. */
 static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uint32_t n_off,
         const char *what, DsError *err)
 {
         uint32_t groups = p->in / p->group_size;
         size_t qb = (size_t) p->in * p->out / 2, zb = (size_t) groups * p->out / 2;
         size_t sb = (size_t) groups * p->out * 2;
-        uint8_t *stage = NULL;
-        int r = dalloc((void **) &stage, qb + zb + sb, "AWQ staging", err);
-        if (r < 0)
-                return r;
-        /* The copies and the repack run in order on the backend's stream. */
-        if ((r = h2d(b, stage, p->qweight, qb, what, err)) == 0 &&
-                (r = h2d(b, stage + qb, p->qzeros, zb, what, err)) == 0 &&
-                (r = h2d(b, stage + qb + zb, p->scales, sb, what, err)) == 0) {
-                cu_awq_repack(b->st, l, (const uint32_t *) stage, (const uint32_t *) (stage + qb),
-                        (const __half *) (stage + qb + zb), p->out, n_off);
-                cudaError_t e = cudaStreamSynchronize(b->st);
-                if (e != cudaSuccess)
-                        r = cuda_fail(err, e, what);
+        int r;
+
+        if (b->awq_raw_bytes < qb + zb + sb) {
+                awq_raw_free(b);
+                if ((r = dalloc((void **) &b->awq_raw, qb + zb + sb, "AWQ staging", err)) < 0)
+                        return r;
+                b->awq_raw_bytes = qb + zb + sb;
         }
-        cudaFree(stage);
-        return r;
+        uint8_t *raw = b->awq_raw;
+        if ((r = h2d(b, raw, p->qweight, qb, what, err)) < 0 ||
+                (r = h2d(b, raw + qb, p->qzeros, zb, what, err)) < 0 ||
+                (r = h2d(b, raw + qb + zb, p->scales, sb, what, err)) < 0)
+                return r;
+        cu_awq_repack(b->st, l, (const uint32_t *) raw, (const uint32_t *) (raw + qb),
+                (const __half *) (raw + qb + zb), p->out, n_off);
+        CU_TRY(cudaGetLastError(), what);
+        return 0;
 }
 
 /* Repacks AWQ parts[0..n_parts) (same input, outputs concatenated) into l's weight memory,
@@ -1607,6 +1621,7 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
                 r = fp16_copies(b, err);
         if (r == 0)
                 CU_TRY(cudaDeviceSynchronize(), "weight upload");
+        awq_raw_free(b);
         if (r < 0) {
                 weights_free(b);
                 return r;
