@@ -90,6 +90,7 @@ struct Backend {
         bool mla, moe;
         bool eager;
         bool fp16_copies; /* keep FP16 copies of AWQ weights for the cuBLAS path if they fit */
+        int dev;          /* made current on every entry: the daemon calls from several threads */
         int n_sm;
         cudaStream_t st;
         cublasHandle_t blas;
@@ -1551,10 +1552,30 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
 /* ---------------------------------------------------------------------------------------
  * BackendOps */
 
+/* The CUDA device of BkOptions.device: its leading decimal number, 0 without one (the rest
+ * holds the flags "eager" and "int4-only"). */
+static int device_index(const char *dev_opt, int *ret, DsError *err)
+{
+        int n = 0;
+        char *end;
+        unsigned long v = strtoul(dev_opt, &end, 10);
+
+        if (end == dev_opt)
+                v = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess)
+                return cuda_fail(err, e, "device count");
+        if (v >= (unsigned long) n)
+                return ds_error(err, -ENODEV, "cuda backend: device %lu: this machine has %d",
+                        v, n);
+        *ret = (int) v;
+        return 0;
+}
+
 static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
 {
         Backend *b;
-        int dev = 0;
+        int dev = 0, r;
 
         if (!ret)
                 return ds_error(err, -EINVAL, "cuda backend: no return pointer");
@@ -1562,6 +1583,11 @@ static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
         if (!b)
                 return ds_error(err, -ENOMEM, "cuda backend: out of memory");
         const char *dev_opt = opt && opt->device ? opt->device : "";
+        if ((r = device_index(dev_opt, &dev, err)) < 0) {
+                free(b);
+                return r;
+        }
+        b->dev = dev;
         b->eager = strstr(dev_opt, "eager") != NULL;
         b->fp16_copies = strstr(dev_opt, "int4-only") == NULL;
 
@@ -1595,6 +1621,7 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
 
         if (!b || !model)
                 return ds_error(err, -EINVAL, "cuda backend: no backend or model");
+        CU_TRY(cudaSetDevice(b->dev), "device");
         r = model_check(model, err);
         if (r < 0)
                 return ds_error_prefix(err, "cuda backend");
@@ -1609,9 +1636,7 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
                 .topk_group = mc->topk_group, .topk_method = (int) mc->topk_method,
                 .scoring = (int) mc->scoring, .norm_topk_prob = mc->norm_topk_prob,
                 .routed_scaling_factor = mc->routed_scaling_factor, .n_shared = mc->n_shared};
-        int dev = 0;
-        cudaGetDevice(&dev);
-        r = cu_staging_open(&b->stage, dev, err);
+        r = cu_staging_open(&b->stage, b->dev, err);
         if (r == 0)
                 r = weights_upload(b, model, err);
         cu_staging_close(&b->stage);
@@ -1643,6 +1668,7 @@ static int64_t cuda_kv_init(Backend *b, uint32_t block_tokens, uint64_t mem_byte
                 return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
         if (block_tokens == 0)
                 return ds_error(err, -EINVAL, "cuda backend: KV blocks of 0 tokens");
+        CU_TRY(cudaSetDevice(b->dev), "device");
         kv_free(b);
 
         uint64_t block_bytes = cuda_kv_bytes_per_token(b) * block_tokens;
@@ -1711,6 +1737,7 @@ static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *re
                 return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
         if (!b->kc)
                 return ds_error(err, -EINVAL, "cuda backend: KV cache not initialised");
+        CU_TRY(cudaSetDevice(b->dev), "device");
         if (n_seqs > 0 && (!seqs || !ret_ids))
                 return ds_error(err, -EINVAL, "cuda backend: no sequences or no result array");
         for (uint32_t i = 0; i < n_seqs; i++) {
@@ -1746,6 +1773,7 @@ static void cuda_free(Backend *b)
 {
         if (!b)
                 return;
+        cudaSetDevice(b->dev);
         kv_free(b);
         weights_free(b);
         cublasDestroy(b->blas);
@@ -1758,8 +1786,7 @@ static int cuda_mem_info(const Backend *b, uint64_t *ret_used, uint64_t *ret_tot
 {
         size_t free_bytes = 0, total = 0;
 
-        (void) b;
-        if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
+        if (cudaSetDevice(b->dev) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total) != cudaSuccess)
                 return -EIO;
         *ret_used = total - free_bytes;
         *ret_total = total;

@@ -86,10 +86,19 @@ int main(void)
         double worst = 0;
 
         gpu_require();
+
+        /* BkOptions.device leads with the device index (dsd --device N); one the machine
+         * lacks is refused by name */
+        DsError err = {0};
+        Backend *none = NULL;
+        int r = backend_cuda_ops.create(&(BkOptions){.device = "4096"}, &none, &err);
+        CHECK(r == -ENODEV && !none && strstr(err.msg, "device 4096"),
+                "device 4096: create returned %d: %s", r, err.msg);
+
         for (size_t i = 0; i < ELEMENTSOF(shapes); i++) {
                 BkModel m = rnd_model(&shapes[i]);
                 Backend *cpu = backend_open(&backend_cpu_ops, &m, NULL, BLOCKS);
-                Backend *gpu = backend_open(&backend_cuda_ops, &m, NULL, BLOCKS);
+                Backend *gpu = backend_open(&backend_cuda_ops, &m, "0", BLOCKS);
                 double e = compare_prefill(&m, cpu, gpu);
                 printf("model %zu: logits relative error %.3g (tolerance %g)\n", i, e, TOL);
                 worst = fmax(worst, e);
