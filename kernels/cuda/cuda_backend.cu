@@ -112,7 +112,6 @@ struct Backend {
         __half *w16;
         int32_t *ids_d;
         /* DeepSeek scratch, for TILE_ROWS rows (pairs: rows * top_k) */
-        float *qn;                /* (rows, H, P) */
         __half *xq, *olat;        /* (rows, q_lora_rank), (rows, H, rank) */
         float *epart, *edpart;    /* experts' gate|up and down partials, by pair */
         __half *ehb;              /* (pairs, expert_dim) */
@@ -278,7 +277,7 @@ static void weights_free(Backend *b)
         dfree(b->inv_freq);
         awq_raw_free(b);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
-                b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->qn, b->xq, b->olat,
+                b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
@@ -294,7 +293,7 @@ static void weights_free(Backend *b)
         b->xn = b->att = b->hb = b->w16 = NULL;
         b->ml = NULL;
         b->ids_d = NULL;
-        b->qn = b->epart = b->edpart = b->rw = b->moe_y = NULL;
+        b->epart = b->edpart = b->rw = b->moe_y = NULL;
         b->xq = b->olat = b->ehb = NULL;
         b->ridx = b->eids = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
@@ -544,12 +543,12 @@ static int model_check(const BkModel *m, DsError *err)
         const BkMoeConfig *mc = &c->moe;
         uint32_t W = a->kv_lora_rank + a->qk_rope_dim;
         if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 64 != 0 || W > MLA_WIDTH_MAX ||
-                W % 16 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 2 != 0 ||
-                a->qk_nope_dim > 256)
+                W % 16 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 16 != 0 ||
+                a->qk_nope_dim > 256 || a->qk_nope_dim % 16 != 0)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "MLA with kv_lora_rank %u, qk_rope_head_dim %u, v_head_dim %u: not what "
-                        "the kernels hold",
-                        a->kv_lora_rank, a->qk_rope_dim, a->v_head_dim);
+                        "MLA with kv_lora_rank %u, qk_nope_head_dim %u, qk_rope_head_dim %u, "
+                        "v_head_dim %u: not what the kernels hold",
+                        a->kv_lora_rank, a->qk_nope_dim, a->qk_rope_dim, a->v_head_dim);
         if (mc->n_routed > 256 || mc->n_group > 32 || mc->n_shared > 16)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "%u routed experts in %u groups and %u shared: the router holds at most "
@@ -651,7 +650,6 @@ static int scratch_alloc(Backend *b, DsError *err)
         DALLOC(b->ids_d, TILE_OUT * 4, "ids");
         if (b->mla) {
                 const BkMlaConfig *a = &c->mla;
-                DALLOC(b->qn, R * c->n_heads * a->qk_nope_dim * 4, "MLA q_nope");
                 DALLOC(b->xq, R * MAX(a->q_lora_rank, 1u) * 2, "MLA q LoRA");
                 DALLOC(b->olat, R * c->n_heads * a->kv_lora_rank * 2, "MLA latent outputs");
         }
@@ -1051,13 +1049,13 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 qbias = L->q_b.bias;
         }
 
-        /* q_nope aside, rope on q_pe; q_nope through W_UK into the latent space */
-        cu_mla_q(b->st, b->part, s, stride, qbias, qld, b->meta, rows, H, a->qk_nope_dim, R, rank,
-                b->inv_freq, b->attention_factor, b->qn, b->q, a->q_lora_rank ? NULL : &kv);
-        cu_mla_absorb(b->st, b->qn, L->wk, rows, H, a->qk_nope_dim, rank, R, b->q);
+        /* q_nope through W_UK into the latent space, rope on q_pe, FP16 queries */
+        __half *q = (__half *) b->q;
+        cu_mla_absorb(b->st, b->part, s, stride, qbias, qld, b->meta, rows, H, a->qk_nope_dim, R,
+                rank, b->inv_freq, b->attention_factor, L->wk, q, a->q_lora_rank ? NULL : &kv);
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
-        cu_mla_attention(b->st, b->q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
+        cu_mla_attention(b->st, q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
                 a->softmax_scale, b->acc, b->ml);
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
@@ -1207,15 +1205,15 @@ static uint32_t seq_blocks(const Backend *b, const BkSeq *s)
  * dependent loads costs about the same at 16 positions as at 128). The partition, hence
  * a row's float rounding, depends on the row and the step's sequence count only: graphs
  * and eager steps of the same sequences agree, but a sequence decoded with more than
- * ATT_SMALL_STEP others may round differently than alone. MLA items start at 64 positions:
- * each one stages all 16 heads' 576-wide queries, which costs as much as 32 latent rows. */
+ * ATT_SMALL_STEP others may round differently than alone. MLA items are cut the same way:
+ * an item's FP16 queries load together with its first latent rows (cu_mla_attention). */
 #define ATT_SMALL_STEP 8u
 
-static uint32_t att_chunk(const Backend *b, const BkSeq *s, uint32_t pos, uint32_t n_seqs)
+static uint32_t att_chunk(const BkSeq *s, uint32_t pos, uint32_t n_seqs)
 {
         if (s->n_tokens != 1 || n_seqs > ATT_SMALL_STEP)
                 return ATT_CHUNK;
-        uint32_t c = b->mla ? 64 : 16, want = div_up(pos + 1, 64);
+        uint32_t c = 16, want = div_up(pos + 1, 64);
         while (c < want && c < ATT_CHUNK)
                 c *= 2;
         return c;
@@ -1235,7 +1233,7 @@ static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32
 {
         uint32_t items = uses_flash(b, &seqs[i])
                                  ? 0
-                                 : div_up(pos + 1, att_chunk(b, &seqs[i], pos, p->n_seqs));
+                                 : div_up(pos + 1, att_chunk(&seqs[i], pos, p->n_seqs));
         uint32_t bt = p->seq_bt_seq == (int32_t) i ? 0 : seq_blocks(b, &seqs[i]);
         return p->rows < TILE_ROWS && p->n_items + items <= TILE_ITEMS &&
                p->n_bt + bt <= TILE_BT && (!logits || p->n_out < TILE_OUT);
@@ -1262,7 +1260,7 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
         meta_arr(b, 2)[r] = s->blocks[pos / b->block_tokens] * b->block_tokens + pos % b->block_tokens;
         meta_arr(b, 3)[r] = p->seq_bt_at; /* relative for now, see plan_finish */
         bool flash = uses_flash(b, s);
-        uint32_t chunk = att_chunk(b, s, pos, p->n_seqs), items = flash ? 0 : div_up(pos + 1, chunk);
+        uint32_t chunk = att_chunk(s, pos, p->n_seqs), items = flash ? 0 : div_up(pos + 1, chunk);
         meta_arr(b, 4)[2 * r] = p->n_items;
         meta_arr(b, 4)[2 * r + 1] = items;
         for (uint32_t k = 0; k < items; k++) {
@@ -1473,7 +1471,7 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
         for (uint32_t i = 0; i < n; i++) {
                 if (seqs[i].n_tokens != 1 || !seqs[i].sample || seqs[i].logits)
                         return false;
-                items += div_up(seqs[i].pos + 1, att_chunk(b, &seqs[i], seqs[i].pos, n));
+                items += div_up(seqs[i].pos + 1, att_chunk(&seqs[i], seqs[i].pos, n));
                 bt += seq_blocks(b, &seqs[i]);
         }
         uint32_t bucket = 1;
@@ -1714,7 +1712,7 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
                         "cuda backend: sequence %u: %u KV blocks cover less than %llu positions",
                         i, seq->n_blocks, (unsigned long long) end);
         if (need > TILE_BT ||
-                div_up((uint32_t) end, att_chunk(b, seq, (uint32_t) end - 1, 1)) > TILE_ITEMS)
+                div_up((uint32_t) end, att_chunk(seq, (uint32_t) end - 1, 1)) > TILE_ITEMS)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "cuda backend: sequence %u: context of %llu positions is too long", i,
                         (unsigned long long) end);

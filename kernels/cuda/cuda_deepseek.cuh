@@ -5,10 +5,12 @@
  * position one latent row [kv_a_layernorm(c_kv) | roped k_pe] of W = rank + R FP16 values;
  * each head's q_nope goes through W_UK into the latent space, so attention is one shared
  * W-wide key "head" and a rank-wide value "head" for all query heads; the attention's
- * latent output goes through W_UV. W_UK and W_UV are kv_b_proj split at load, FP16:
- *   wk  (H, P, rank)   wk[h][p][c] = kv_b.W[h (P + Vd) + p][c]
- *   wvt (H, rank, Vd)  wvt[h][c][v] = kv_b.W[h (P + Vd) + P + v][c]
- * Queries are float32 (rows, H, W): the latent query then the roped q_pe.
+ * latent output goes through W_UV. W_UK and W_UV are kv_b_proj split at load, FP16, each
+ * head's matrix A (M, K) of the tensor-core product out = A · in stored in mma.m16n8k16
+ * fragment order (cuda_mla.cu):
+ *   wk  A (rank, P)   A[c][p] = kv_b.W[h (P + Vd) + p][c]
+ *   wvt A (Vd, rank)  A[v][c] = kv_b.W[h (P + Vd) + P + v][c]
+ * Queries are FP16 (rows, H, W): the latent query then the roped q_pe.
  *
  * MoE routes on the device (one warp a row, as cpu_moe_route decides), groups the
  * (row, k) pairs by expert (cu_moe_group), runs the experts through cu_gemv_experts and
@@ -51,22 +53,18 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
         const float *bias, uint32_t ld, uint32_t n, uint32_t rows, const float *norm_w,
         float eps, __half *xq);
 
-/* From the partials' columns 0 .. H (P + R) (row stride ld): qn (rows, H, P) = q_nope and
- * q (rows, H, rank + R) at rank .. = the interleaved-roped q_pe; with kv (else NULL), the
- * same launch does what cu_mla_kv does. */
-void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+/* From the partials' columns 0 .. H (P + R) (row stride ld) of each row, q (rows, H,
+ * rank + R): q_nope · W_UK, then the interleaved-roped q_pe; with kv (else NULL), the same
+ * launch does what cu_mla_kv does. */
+void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t ld, CuMeta meta, uint32_t rows, uint32_t H, uint32_t P,
-        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q,
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, const __half *wk, __half *q,
         const CuMlaKv *kv);
-
-/* q (rows, H, rank + R) at 0 .. rank = qn (rows, H, P) · wk. */
-void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
-        uint32_t P, uint32_t rank, uint32_t R, float *q);
 
 /* Attention partials over the latent cache, one block per (work item, group of MLA_HEADS
  * heads), items read from meta as cu_attention does: acc (item, H, rank), ml (item, H).
  * cu_attention_combine with head_dim = rank merges them. */
-void cu_mla_attention(cudaStream_t st, const float *q, const __half *cache, CuMeta meta,
+void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
         uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *acc, float2 *ml);
 
@@ -74,7 +72,8 @@ void cu_mla_attention(cudaStream_t st, const float *q, const __half *cache, CuMe
 void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,
         uint32_t H, uint32_t rank, uint32_t Vd, __half *out);
 
-/* Splits w16 = kv_b.W (H (P + Vd), rank) FP16 into wk and wvt (layouts above). */
+/* Splits w16 = kv_b.W (H (P + Vd), rank) FP16 into wk and wvt (layouts above; P, Vd and
+ * rank multiples of 16, rank of 64). */
 void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
         uint32_t rank, __half *wk, __half *wvt);
 

@@ -100,148 +100,277 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
                 norm_w, eps, xq);
 }
 
-/* One block per (row, head); with kv, block H of a row stores its latent row instead. */
-__global__ void k_mla_q(const float *__restrict__ part, uint32_t splits, size_t stride,
-        const float *__restrict__ bias, uint32_t ld, const uint32_t *pos, const uint32_t *slot,
-        uint32_t H, uint32_t P, uint32_t R, uint32_t rank, const float *inv_freq, float af,
-        float *qn, float *q, const CuMlaKv kv)
-{
-        uint32_t r = blockIdx.x, h = blockIdx.y, qk = P + R;
-        size_t row = (size_t) r * ld;
-        uint32_t c0 = h * qk;
+/* ---------------------------------------------------------------------------------------
+ * W_UK and W_UV on the tensor cores
+ *
+ * Per head, out (rows, N) = in (rows, K) · w (K, N) runs as outᵀ = wᵀ · inᵀ on
+ * mma.m16n8k16: wᵀ is A (16 output columns an m-tile), the rows are B's n (8 rows a row
+ * tile), so a weight fragment loaded once serves every row the block holds, and a batch
+ * of one wastes only the unused rows' multiplies. cu_mla_split_kvb stores the weights in
+ * fragment order: per head, m-tile and k-step (16 of K), the 32 lanes' A fragments of
+ * 16 bytes each in lane order, so a warp loads a tile with one coalesced 16-byte load a
+ * lane, all its tiles at once. The block's rows are staged in shared memory as FP16 (row
+ * stride K + 8 halves, so the B fragments' rows fall in distinct banks). Every output is a
+ * sum over K in a fixed order that the other rows do not change. */
+#define MLA_HW     4  /* warps of a block */
+#define MLA_RB     64 /* rows of a block */
+#define MLA_KS_MAX 16 /* k-steps a warp holds: qk_nope_dim <= 256, kv_lora_rank / 4 <= 128 */
 
-        if (h == H) {
-                mla_kv_row(kv, r, pos[r], slot[r]);
+static __device__ __forceinline__ void mla_mma(float *c, const uint32_t *a, uint32_t b0,
+        uint32_t b1)
+{
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ void mla_mma4(float *c, uint4 a, uint32_t b0, uint32_t b1)
+{
+        uint32_t r[4] = {a.x, a.y, a.z, a.w};
+        mla_mma(c, r, b0, b1);
+}
+
+static __device__ __forceinline__ uint32_t lds32(const __half *p)
+{
+        return *(const uint32_t *) p;
+}
+
+/* Stores a row tile's D fragment (output columns col, col + 8 of rows 2 tq, 2 tq + 1 of
+ * the tile at r) into out (row stride ld), rows from nr on left out. */
+static __device__ __forceinline__ void mla_store(const float *c, __half *out, size_t ld,
+        uint32_t r, uint32_t nr, uint32_t col)
+{
+        __half *o = out + r * ld + col;
+        if (r < nr) {
+                o[0] = __float2half(c[0]);
+                o[8] = __float2half(c[2]);
+        }
+        if (r + 1 < nr) {
+                o[ld] = __float2half(c[1]);
+                o[ld + 8] = __float2half(c[3]);
+        }
+}
+
+/* The fused query kernel. Blocks below n_gemm: (m-group of MLA_HW m-tiles, head, row
+ * group) of q[r][h][0 .. rank) = q_nope · W_UK, q_nope summed from the partials as it is
+ * staged; float32 q_nope goes in as two FP16 halves (hi and the rest), so the product
+ * keeps about 22 bits of it. The blocks after: one a row, the roped q_pe into
+ * q[r][h][rank ..) and, with kv, the row's latent into the cache. */
+__global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *__restrict__ part,
+        uint32_t splits, size_t stride, const float *__restrict__ bias, uint32_t ld,
+        const uint32_t *pos, const uint32_t *slot, uint32_t rows, uint32_t H, uint32_t P,
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, const uint4 *__restrict__ wk,
+        __half *q, const CuMlaKv kv)
+{
+        extern __shared__ uint4 smem[];
+        uint32_t W = rank + R, qk = P + R, MG = rank / (16 * MLA_HW);
+        uint32_t n_gemm = MG * H * ((rows + MLA_RB - 1) / MLA_RB);
+
+        if (blockIdx.x >= n_gemm) {
+                uint32_t r = blockIdx.x - n_gemm;
+                if (kv.cache)
+                        mla_kv_row(kv, r, pos[r], slot[r]);
+                size_t row = (size_t) r * ld;
+                for (uint32_t i = threadIdx.x; i < H * (R / 2); i += blockDim.x) {
+                        uint32_t h = i / (R / 2), j = i % (R / 2), c = h * qk + P + 2 * j;
+                        float a = sum_part(part, splits, stride, row + c, bias, c);
+                        float b = sum_part(part, splits, stride, row + c + 1, bias, c + 1);
+                        float2 o = rope_pair(a, b, pos[r], inv_freq, j, af);
+                        *(__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * j) =
+                                __floats2half2_rn(o.x, o.y);
+                }
                 return;
         }
-        for (uint32_t i = threadIdx.x; i < P; i += blockDim.x)
-                qn[((size_t) r * H + h) * P + i] = sum_part(part, splits, stride, row + c0 + i, bias, c0 + i);
-        for (uint32_t i = threadIdx.x; i < R / 2; i += blockDim.x) {
-                uint32_t c = c0 + P + 2 * i;
-                float a = sum_part(part, splits, stride, row + c, bias, c);
-                float b = sum_part(part, splits, stride, row + c + 1, bias, c + 1);
-                float2 o = rope_pair(a, b, pos[r], inv_freq, i, af);
-                float *qp = q + ((size_t) r * H + h) * (rank + R) + rank;
-                qp[2 * i] = o.x;
-                qp[2 * i + 1] = o.y;
+
+        uint32_t bi = blockIdx.x, mg = bi % MG, h = bi / MG % H, r0 = bi / (MG * H) * MLA_RB;
+        uint32_t nr = min((uint32_t) MLA_RB, rows - r0), nrt = (nr + 7) / 8;
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+        uint32_t KS = P / 16, mt = mg * MLA_HW + warp, LD = P + 8;
+
+        /* the warp's weight tiles first: in flight while the rows are staged */
+        uint4 a[MLA_KS_MAX];
+        const uint4 *wa = wk + ((size_t) h * (rank / 16) + mt) * KS * 32 + lane;
+#pragma unroll
+        for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++)
+                if (ks < KS)
+                        a[ks] = __ldg(wa + ks * 32);
+
+        __half *hi_s = (__half *) smem, *lo_s = hi_s + MLA_RB * LD;
+        for (uint32_t i = threadIdx.x; i < nrt * 8 * (P / 2); i += blockDim.x) {
+                uint32_t r = i / (P / 2), k = 2 * (i % (P / 2)), c = h * qk + k;
+                float x = 0.0f, y = 0.0f;
+                if (r < nr) {
+                        size_t at = (size_t) (r0 + r) * ld + c;
+                        x = sum_part(part, splits, stride, at, bias, c);
+                        y = sum_part(part, splits, stride, at + 1, bias, c + 1);
+                }
+                __half2 hv = __floats2half2_rn(x, y);
+                float2 hf = __half22float2(hv);
+                *(__half2 *) (hi_s + r * LD + k) = hv;
+                *(__half2 *) (lo_s + r * LD + k) = __floats2half2_rn(x - hf.x, y - hf.y);
+        }
+        __syncthreads();
+
+        for (uint32_t rt = 0; rt < nrt; rt++) {
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const __half *bh = hi_s + (rt * 8 + g) * LD + 2 * tq;
+                const __half *bl = lo_s + (rt * 8 + g) * LD + 2 * tq;
+#pragma unroll
+                for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++) {
+                        if (ks >= KS)
+                                break;
+                        mla_mma4(c, a[ks], lds32(bh + 16 * ks), lds32(bh + 16 * ks + 8));
+                        mla_mma4(c, a[ks], lds32(bl + 16 * ks), lds32(bl + 16 * ks + 8));
+                }
+                mla_store(c, q + ((size_t) r0 * H + h) * W, (size_t) H * W, rt * 8 + 2 * tq, nr,
+                        mt * 16 + g);
         }
 }
 
-void cu_mla_q(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
+static uint32_t mla_absorb_smem(uint32_t P)
+{
+        return 2 * MLA_RB * (P + 8) * 2;
+}
+
+void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t ld, CuMeta meta, uint32_t rows, uint32_t H, uint32_t P,
-        uint32_t R, uint32_t rank, const float *inv_freq, float af, float *qn, float *q,
+        uint32_t R, uint32_t rank, const float *inv_freq, float af, const __half *wk, __half *q,
         const CuMlaKv *kv)
 {
-        dim3 grid(rows, H + (kv ? 1 : 0));
-        k_mla_q<<<grid, 128, 0, st>>>(part, splits, slice_stride, bias, ld, meta.pos, meta.slot, H,
-                P, R, rank, inv_freq, af, qn, q, kv ? *kv : CuMlaKv{});
+        static bool opted;
+        if (!opted) {
+                cudaFuncSetAttribute(k_mla_absorb, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                        (int) mla_absorb_smem(16 * MLA_KS_MAX));
+                opted = true;
+        }
+        uint32_t n_gemm = rank / (16 * MLA_HW) * H * div_up(rows, MLA_RB);
+        k_mla_absorb<<<n_gemm + rows, MLA_HW * 32, mla_absorb_smem(P), st>>>(part, splits,
+                slice_stride, bias, ld, meta.pos, meta.slot, rows, H, P, R, rank, inv_freq, af,
+                (const uint4 *) wk, q, kv ? *kv : CuMlaKv{});
 }
 
-/* The absorb and values kernels: a block takes MLA_RB rows (each weight load serves them
- * all), one head and MLA_COLS output columns, lane l on columns 2l, 2l + 1; its warps split
- * the reduction dimension into MLA_WARPS consecutive slices and add their sums in warp
- * order through shared memory, so a row's result does not depend on the other rows. */
-#define MLA_RB    16
-#define MLA_COLS  64
-#define MLA_WARPS 8
-
-/* Adds the warps' (MLA_RB, MLA_COLS) partial sums in warp order; warp 0's lanes get them. */
-__device__ void mla_reduce(float2 (&acc)[MLA_RB], float2 *red)
+/* Blocks (m-tile, head, row group); warp w takes the w-th quarter of the rank's k-steps,
+ * and warp 0 adds the others' sums to its own in warp order. */
+__global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *__restrict__ o_lat,
+        const uint4 *__restrict__ wvt, uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd,
+        __half *out)
 {
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        if (warp > 0)
-                for (uint32_t j = 0; j < MLA_RB; j++)
-                        red[((warp - 1) * MLA_RB + j) * 32 + lane] = acc[j];
-        __syncthreads();
-        if (warp == 0)
-                for (uint32_t w = 1; w < MLA_WARPS; w++)
-                        for (uint32_t j = 0; j < MLA_RB; j++) {
-                                float2 o = red[((w - 1) * MLA_RB + j) * 32 + lane];
-                                acc[j].x += o.x;
-                                acc[j].y += o.y;
-                        }
-}
+        extern __shared__ uint4 smem[];
+        __shared__ float4 red[(MLA_HW - 1) * (MLA_RB / 8) * 32];
+        uint32_t MT = Vd / 16, bi = blockIdx.x, mt = bi % MT, h = bi / MT % H;
+        uint32_t r0 = bi / (MT * H) * MLA_RB, nr = min((uint32_t) MLA_RB, rows - r0);
+        uint32_t nrt = (nr + 7) / 8, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t g = lane / 4, tq = lane % 4, KS = rank / 16, KW = KS / MLA_HW, ks0 = warp * KW;
+        uint32_t LD = rank + 8, units = rank / 8;
 
-/* out[r][h][n] (row stride out_ld) = in[r][h][0 .. K) · w[h] (K, N): blocks (N / MLA_COLS,
- * H, row groups), the block's rows of in staged in shared memory as TI. */
-template <typename TI, typename TO>
-__global__ void __launch_bounds__(MLA_WARPS * 32) k_mla_heads(const TI *__restrict__ in,
-        const __half *__restrict__ w, uint32_t rows, uint32_t H, uint32_t K, uint32_t N,
-        uint32_t out_ld, TO *out)
-{
-        __shared__ float2 red[(MLA_WARPS - 1) * MLA_RB * 32];
-        extern __shared__ float4 in_s4[]; /* (MLA_RB, K) */
-        TI *in_s = (TI *) in_s4;
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t n = blockIdx.x * MLA_COLS + 2 * lane, h = blockIdx.y, r0 = blockIdx.z * MLA_RB;
-        uint32_t nr = min((uint32_t) MLA_RB, rows - r0);
-        for (uint32_t i = threadIdx.x; i < nr * K; i += blockDim.x)
-                in_s[i] = in[((size_t) (r0 + i / K) * H + h) * K + i % K];
+        uint4 a[MLA_KS_MAX / 2];
+        const uint4 *wa = wvt + (((size_t) h * MT + mt) * KS + ks0) * 32 + lane;
+#pragma unroll
+        for (uint32_t ks = 0; ks < MLA_KS_MAX / 2; ks++)
+                if (ks < KW)
+                        a[ks] = __ldg(wa + ks * 32);
+
+        __half *in_s = (__half *) smem;
+        for (uint32_t i = threadIdx.x; i < nrt * 8 * units; i += blockDim.x) {
+                uint32_t r = i / units, k = 8 * (i % units);
+                *(uint4 *) (in_s + r * LD + k) =
+                        r < nr ? __ldg((const uint4 *) (o_lat + ((size_t) (r0 + r) * H + h) * rank +
+                                                        k))
+                               : make_uint4(0, 0, 0, 0);
+        }
         __syncthreads();
-        uint32_t k0 = (uint32_t) ((uint64_t) K * warp / MLA_WARPS);
-        uint32_t k1 = (uint32_t) ((uint64_t) K * (warp + 1) / MLA_WARPS);
-        bool live = n < N;
-        float2 acc[MLA_RB];
+
+        float c[MLA_RB / 8][4];
 #pragma unroll
-        for (uint32_t j = 0; j < MLA_RB; j++)
-                acc[j] = make_float2(0.0f, 0.0f);
-        const __half2 *wh = (const __half2 *) (w + (size_t) h * K * N + (live ? n : 0));
-        for (uint32_t k = k0; k < k1; k += 4) {
-                float2 wf[4];
+        for (uint32_t rt = 0; rt < MLA_RB / 8; rt++)
+                c[rt][0] = c[rt][1] = c[rt][2] = c[rt][3] = 0.0f;
 #pragma unroll
-                for (uint32_t i = 0; i < 4; i++)
-                        wf[i] = k + i < k1 && live ? __half22float2(wh[(size_t) (k + i) * N / 2])
-                                                   : make_float2(0.0f, 0.0f);
+        for (uint32_t rt = 0; rt < MLA_RB / 8; rt++) {
+                if (rt >= nrt)
+                        break;
+                const __half *bp = in_s + (rt * 8 + g) * LD + 16 * ks0 + 2 * tq;
 #pragma unroll
-                for (uint32_t j = 0; j < MLA_RB; j++) {
-                        if (j >= nr)
+                for (uint32_t ks = 0; ks < MLA_KS_MAX / 2; ks++) {
+                        if (ks >= KW)
                                 break;
-#pragma unroll
-                        for (uint32_t i = 0; i < 4; i++)
-                                if (k + i < k1) {
-                                        float a = (float) in_s[j * K + k + i];
-                                        acc[j].x += a * wf[i].x;
-                                        acc[j].y += a * wf[i].y;
-                                }
+                        mla_mma4(c[rt], a[ks], lds32(bp + 16 * ks), lds32(bp + 16 * ks + 8));
                 }
         }
-        mla_reduce(acc, red);
-        if (warp == 0 && live)
-                for (uint32_t j = 0; j < nr; j++) {
-                        TO *o = out + ((size_t) (r0 + j) * H + h) * out_ld + n;
-                        o[0] = (TO) acc[j].x;
-                        o[1] = (TO) acc[j].y;
+        if (warp > 0) {
+#pragma unroll
+                for (uint32_t rt = 0; rt < MLA_RB / 8; rt++) {
+                        if (rt >= nrt)
+                                break;
+                        red[((warp - 1) * (MLA_RB / 8) + rt) * 32 + lane] =
+                                make_float4(c[rt][0], c[rt][1], c[rt][2], c[rt][3]);
                 }
+        }
+        __syncthreads();
+        if (warp > 0)
+                return;
+#pragma unroll
+        for (uint32_t rt = 0; rt < MLA_RB / 8; rt++) {
+                if (rt >= nrt)
+                        break;
+                for (uint32_t w = 1; w < MLA_HW; w++) {
+                        float4 o = red[((w - 1) * (MLA_RB / 8) + rt) * 32 + lane];
+                        c[rt][0] += o.x;
+                        c[rt][1] += o.y;
+                        c[rt][2] += o.z;
+                        c[rt][3] += o.w;
+                }
+                mla_store(c[rt], out + ((size_t) r0 * H + h) * Vd, (size_t) H * Vd,
+                        rt * 8 + 2 * tq, nr, mt * 16 + g);
+        }
 }
 
-void cu_mla_absorb(cudaStream_t st, const float *qn, const __half *wk, uint32_t rows, uint32_t H,
-        uint32_t P, uint32_t rank, uint32_t R, float *q)
+static uint32_t mla_values_smem(uint32_t rank)
 {
-        dim3 grid(div_up(rank, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_heads<float, float><<<grid, MLA_WARPS * 32, MLA_RB * P * sizeof(float), st>>>(qn, wk,
-                rows, H, P, rank, rank + R, q);
+        return MLA_RB * (rank + 8) * 2;
 }
 
 void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,
         uint32_t H, uint32_t rank, uint32_t Vd, __half *out)
 {
-        dim3 grid(div_up(Vd, MLA_COLS), H, div_up(rows, MLA_RB));
-        k_mla_heads<__half, __half><<<grid, MLA_WARPS * 32, MLA_RB * rank * sizeof(__half), st>>>(
-                o_lat, wvt, rows, H, rank, Vd, Vd, out);
+        static bool opted;
+        if (!opted) {
+                cudaFuncSetAttribute(k_mla_values, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                        (int) mla_values_smem(MLA_RANK_MAX));
+                opted = true;
+        }
+        uint32_t blocks = Vd / 16 * H * div_up(rows, MLA_RB);
+        k_mla_values<<<blocks, MLA_HW * 32, mla_values_smem(rank), st>>>(o_lat,
+                (const uint4 *) wvt, rows, H, rank, Vd, out);
 }
 
+/* Element e (0 .. 8) of lane's A fragment in tile (mt, ks): A[m][k] with m, k below. */
+static __device__ __forceinline__ uint2 mla_frag_mk(size_t j, uint32_t KS)
+{
+        uint32_t e = (uint32_t) (j % 8), lane = (uint32_t) (j / 8 % 32);
+        uint32_t tile = (uint32_t) (j / 256), mt = tile / KS, ks = tile % KS, reg = e / 2;
+        return make_uint2(mt * 16 + lane / 4 + 8 * (reg & 1),
+                ks * 16 + 2 * (lane % 4) + (e & 1) + 8 * (reg >> 1));
+}
+
+/* wk: A[c][p] = kv_b.W[h (P + Vd) + p][c]; wvt: A[v][c] = kv_b.W[h (P + Vd) + P + v][c]. */
 __global__ void k_mla_split_kvb(const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
         uint32_t rank, __half *wk, __half *wvt)
 {
-        size_t n = (size_t) H * (P + Vd) * rank;
+        size_t per = (size_t) P * rank, n = (size_t) H * per;
         for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < n;
                 i += (size_t) gridDim.x * blockDim.x) {
-                uint32_t c = (uint32_t) (i % rank), o = (uint32_t) (i / rank);
-                uint32_t h = o / (P + Vd), j = o % (P + Vd);
-                if (j < P)
-                        wk[((size_t) h * P + j) * rank + c] = w16[i];
-                else
-                        wvt[((size_t) h * rank + c) * Vd + (j - P)] = w16[i];
+                uint32_t h = (uint32_t) (i / per);
+                uint2 mk = mla_frag_mk(i % per, P / 16);
+                wk[i] = w16[((size_t) h * (P + Vd) + mk.y) * rank + mk.x];
+        }
+        per = (size_t) Vd * rank;
+        n = (size_t) H * per;
+        for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < n;
+                i += (size_t) gridDim.x * blockDim.x) {
+                uint32_t h = (uint32_t) (i / per);
+                uint2 mk = mla_frag_mk(i % per, rank / 16);
+                wvt[i] = w16[((size_t) h * (P + Vd) + P + mk.x) * rank + mk.y];
         }
 }
 
@@ -256,9 +385,9 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
  *
  * One block of MLA_THREADS (4 warps) per (work item, group of MLA_HEADS heads): the 16
  * heads are the M of mma.m16n8k16 (FlashMLA's observation: absorbed MLA decode is a
- * 16-row GEMM against the shared latent rows). The group's queries go to shared memory as
- * FP16; the item's positions go through in chunks of MLA_CHUNK latent rows staged in
- * shared memory with 16-byte loads. Per chunk: S = Q·Kᵀ over the W = rank + R dimensions
+ * 16-row GEMM against the shared latent rows). The group's FP16 queries and the item's
+ * positions, in chunks of MLA_CHUNK latent rows, come to shared memory through cp.async,
+ * double-buffered: the next chunk loads while this one is computed. Per chunk: S = Q·Kᵀ over the W = rank + R dimensions
  * (warp w on positions 8w..8w+8), the online softmax per head in float32 (running max and
  * sum, the chunk's P as FP16), then O += P·V over the first rank dimensions (warp w on
  * dimensions w·rank/4 .. (w+1)·rank/4, V's fragments by ldmatrix.trans). O, m and l are
@@ -268,20 +397,30 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
 #define MLA_CHUNK   32
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
-__device__ __forceinline__ void mla_mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+/* A 16-byte cp.async into shared memory; zeros where !live (src is not read then). */
+static __device__ __forceinline__ void mla_cp16(void *dst, const void *src, bool live)
 {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
+                "r"(live ? 16 : 0));
 }
 
-__device__ __forceinline__ uint32_t lds32(const __half *p)
+/* Starts loading latent rows c0 .. c0 + cn of the item (slots in slot_s) into buf, zeros
+ * up to MLA_CHUNK rows, as one cp.async group. */
+static __device__ __forceinline__ void mla_stage(__half *buf, const __half *cache,
+        const uint32_t *slot_s, uint32_t c0, uint32_t cn, uint32_t W, uint32_t WS)
 {
-        return *(const uint32_t *) p;
+        uint32_t units = W / 8;
+        for (uint32_t i = threadIdx.x; i < MLA_CHUNK * units; i += MLA_THREADS) {
+                uint32_t r = i / units, u = i % units;
+                bool live = r < cn;
+                mla_cp16(buf + r * WS + 8 * u,
+                        cache + (live ? (size_t) slot_s[c0 + r] * W + 8 * u : 0), live);
+        }
+        asm volatile("cp.async.commit_group;" ::);
 }
 
-__global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__restrict__ q,
+__global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__restrict__ q,
         const __half *__restrict__ cache, const uint32_t *meta, const uint32_t *row_bt,
         uint32_t bt_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *__restrict__ acc_out, float2 *__restrict__ ml_out)
@@ -290,8 +429,8 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
         uint32_t W = rank + R, WS = W + 8; /* row stride of q_h and kv_s, in halves */
         uint32_t h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
         __half *q_h = (__half *) smem;                          /* (16, WS) */
-        __half *kv_s = q_h + MLA_HEADS * WS;                    /* (MLA_CHUNK, WS) */
-        float *p_s = (float *) (kv_s + MLA_CHUNK * WS);         /* (16, MLA_CHUNK) */
+        __half *kv_b = q_h + MLA_HEADS * WS;                    /* (2, MLA_CHUNK, WS) */
+        float *p_s = (float *) (kv_b + 2 * MLA_CHUNK * WS);     /* (16, MLA_CHUNK) */
         __half *p_h = (__half *) (p_s + MLA_HEADS * MLA_CHUNK); /* (16, MLA_CHUNK + 8) */
         uint32_t *slot_s = (uint32_t *) (p_h + MLA_HEADS * (MLA_CHUNK + 8)); /* (ATT_CHUNK) */
         float *m_s = (float *) (slot_s + ATT_CHUNK);            /* (16) running max */
@@ -308,29 +447,13 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
                 uint32_t n = (uint32_t) (item.z - item.y);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                {
-                        /* the group's queries: rows of W floats, four at a time, six loads
-                         * in flight */
-                        const float4 *q4 = (const float4 *) (q + ((size_t) row * H + h0) * W);
-                        uint32_t w4 = W / 4;
-                        for (uint32_t i0 = t; i0 < MLA_HEADS * w4; i0 += 6 * MLA_THREADS) {
-                                float4 v[6];
-#pragma unroll
-                                for (uint32_t j = 0; j < 6; j++) {
-                                        uint32_t i = i0 + j * MLA_THREADS;
-                                        v[j] = i < hg * w4 ? __ldg(q4 + i)
-                                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                                }
-#pragma unroll
-                                for (uint32_t j = 0; j < 6; j++) {
-                                        uint32_t i = i0 + j * MLA_THREADS;
-                                        if (i >= MLA_HEADS * w4)
-                                                break;
-                                        __half2 *d = (__half2 *) (q_h + (i / w4) * WS + 4 * (i % w4));
-                                        d[0] = __floats2half2_rn(v[j].x, v[j].y);
-                                        d[1] = __floats2half2_rn(v[j].z, v[j].w);
-                                }
-                        }
+                /* the group's queries, zeros past hg heads; they complete with the first
+                 * chunk's group */
+                const __half *qg = q + ((size_t) row * H + h0) * W;
+                for (uint32_t i = t; i < MLA_HEADS * units; i += MLA_THREADS) {
+                        uint32_t hh = i / units, u = i % units;
+                        mla_cp16(q_h + hh * WS + 8 * u,
+                                qg + (hh < hg ? (size_t) hh * W + 8 * u : 0), hh < hg);
                 }
                 for (uint32_t i = t; i < n; i += MLA_THREADS) {
                         uint32_t p = t0 + i;
@@ -347,25 +470,17 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
                         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
                 __syncthreads();
 
-                for (uint32_t c0 = 0; c0 < n; c0 += MLA_CHUNK) {
+                mla_stage(kv_b, cache, slot_s, 0, min((uint32_t) MLA_CHUNK, n), W, WS);
+                for (uint32_t c0 = 0, ci = 0; c0 < n; c0 += MLA_CHUNK, ci++) {
                         uint32_t cn = min((uint32_t) MLA_CHUNK, n - c0);
-                        /* stage the chunk's latent rows; rows past the item are zeros */
-                        for (uint32_t i0 = t; i0 < MLA_CHUNK * units; i0 += 6 * MLA_THREADS) {
-                                uint4 v[6];
-#pragma unroll
-                                for (uint32_t j = 0; j < 6; j++) {
-                                        uint32_t i = i0 + j * MLA_THREADS, r = i / units;
-                                        v[j] = r < cn ? __ldg((const uint4 *) (cache +
-                                                                (size_t) slot_s[c0 + r] * W) +
-                                                              i % units)
-                                                      : make_uint4(0, 0, 0, 0);
-                                }
-#pragma unroll
-                                for (uint32_t j = 0; j < 6; j++) {
-                                        uint32_t i = i0 + j * MLA_THREADS, r = i / units;
-                                        if (r < MLA_CHUNK)
-                                                *(uint4 *) (kv_s + r * WS + 8 * (i % units)) = v[j];
-                                }
+                        const __half *kv_s = kv_b + (ci % 2) * MLA_CHUNK * WS;
+                        if (c0 + MLA_CHUNK < n) {
+                                mla_stage(kv_b + (1 - ci % 2) * MLA_CHUNK * WS, cache, slot_s,
+                                        c0 + MLA_CHUNK,
+                                        min((uint32_t) MLA_CHUNK, n - c0 - MLA_CHUNK), W, WS);
+                                asm volatile("cp.async.wait_group 1;" ::);
+                        } else {
+                                asm volatile("cp.async.wait_group 0;" ::);
                         }
                         __syncthreads();
 
@@ -444,7 +559,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
                                         mla_mma(o[j + 1], a, b2, b3);
                                 }
                         }
-                        __syncthreads(); /* kv_s and p_h are refilled by the next chunk */
+                        __syncthreads(); /* kv_s is refilled two chunks on, p_h next */
                 }
 
                 /* the item's partials: unnormalised O with its max and sum per head */
@@ -467,11 +582,11 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const float *__re
 
 static size_t mla_smem(uint32_t W)
 {
-        return ((size_t) MLA_HEADS + MLA_CHUNK) * (W + 8) * 2 + MLA_HEADS * MLA_CHUNK * 4 +
+        return ((size_t) MLA_HEADS + 2 * MLA_CHUNK) * (W + 8) * 2 + MLA_HEADS * MLA_CHUNK * 4 +
                MLA_HEADS * (MLA_CHUNK + 8) * 2 + ATT_CHUNK * 4 + 3 * MLA_HEADS * 4;
 }
 
-void cu_mla_attention(cudaStream_t st, const float *q, const __half *cache, CuMeta meta,
+void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
         uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *acc, float2 *ml)
 {

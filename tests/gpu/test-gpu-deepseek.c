@@ -5,19 +5,23 @@
  *  - the router kernel on 4096 random rows: the same experts as cpu_moe_route wherever
  *    the k-th and (k+1)-th choice values are further apart than rounding (1e-5), weights
  *    within 1e-5 relative;
- *  - prefills of six sequences (one chunked, 200 tokens: latent items of several chunks,
- *    experts with more than 16 rows, the cuBLAS path) and four decode steps of all six,
- *    logits within 1e-2 relative error of the CPU's for every row but where routing met a
- *    near tie (see rows_err);
+ *  - prefills of eighteen sequences (one chunked, 200 tokens: latent items of several
+ *    chunks, W_UK and W_UV over several 64-row groups, experts with more than 16 rows, the
+ *    cuBLAS path), two decode steps of six of them (a small step: many 16-position items a
+ *    row) and two of all eighteen (more than 8 sequences and 16 rows: 128-position items,
+ *    several row tiles), logits within 1e-2 relative error of the CPU's for every row but
+ *    where routing met a near tie (see rows_err);
  *  - 24 greedy decode steps of 5 and of 20 sequences after 20-token prompts: graph
  *    replays give the ids eager steps give. */
 #include "cpu_moe.h"
 #include "gpu_util.h"
 
-#define TOL    1e-2
-#define FLIP   5e-2
-#define BLOCKS 256
-#define MARGIN 1e-5
+#define TOL     1e-2
+#define FLIP    5e-2
+#define BLOCKS  640
+#define MARGIN  1e-5
+#define N_SEQ   18
+#define N_SMALL 6 /* sequences of the small decode steps */
 
 typedef struct DsShape {
         BkArch arch;
@@ -204,7 +208,7 @@ static void check_routing(const BkMoeConfig *mc, const float *bias)
  * their sequence, and the squared differences and references of the clean rows. */
 static uint32_t n_rows, n_flips, n_tainted;
 static double sum_d2, sum_r2;
-static bool tainted[8];
+static bool tainted[N_SEQ];
 
 /* Compares n rows of sequence seq's logits, row by row. A row whose router input sat
  * within rounding of a tie between experts (the GPU rounds the normed hidden state to FP16
@@ -247,11 +251,9 @@ static double rows_err(
         return e;
 }
 
-#define N_SEQ 6
-
 /* Sequence 0: 200 tokens in chunks of 1, 12, 5 and 182 (items of several 32-row chunks,
- * more than 16 rows, cuBLAS); sequences 1..5: 48 tokens at once; then four decode steps of
- * all six together. Every row's logits are compared. */
+ * more than 16 rows, cuBLAS); the others: 48 tokens at once; then two decode steps of the
+ * first N_SMALL sequences and two of all. Every row's logits are compared. */
 static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
 {
         uint32_t V = m->cfg.vocab_size, n0 = 200, n1 = 48;
@@ -285,15 +287,16 @@ static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
 
         for (uint32_t t = 0; t < 4; t++) {
                 BkSeq d[N_SEQ];
-                for (uint32_t s = 0; s < N_SEQ; s++)
+                uint32_t n = t < 2 ? N_SMALL : N_SEQ;
+                for (uint32_t s = 0; s < n; s++)
                         d[s] = (BkSeq){.tokens = &tokens[t * N_SEQ + s],
                                 .n_tokens = 1,
-                                .pos = (s == 0 ? n0 : n1) + t,
+                                .pos = (s == 0 ? n0 : n1) + (s < N_SMALL ? t : t - 2),
                                 .blocks = blocks[s],
                                 .n_blocks = 32,
                                 .sampling = {.repetition_penalty = 1}};
-                gpu_step_both(cpu, gpu, d, N_SEQ, V, a, b);
-                for (uint32_t s = 0; s < N_SEQ; s++)
+                gpu_step_both(cpu, gpu, d, n, V, a, b);
+                for (uint32_t s = 0; s < n; s++)
                         worst = fmax(worst, rows_err(b + (size_t) s * V, a + (size_t) s * V, 1, V,
                                                     s, "decode"));
         }
