@@ -544,11 +544,12 @@ static int model_check(const BkModel *m, DsError *err)
         uint32_t W = a->kv_lora_rank + a->qk_rope_dim;
         if (a->kv_lora_rank > MLA_RANK_MAX || a->kv_lora_rank % 64 != 0 || W > MLA_WIDTH_MAX ||
                 W % 16 != 0 || a->v_head_dim > 1024 || a->v_head_dim % 16 != 0 ||
-                a->qk_nope_dim > 256 || a->qk_nope_dim % 16 != 0)
+                a->qk_nope_dim > 256 || a->qk_nope_dim % 16 != 0 || a->q_lora_rank % 16 != 0)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
-                        "MLA with kv_lora_rank %u, qk_nope_head_dim %u, qk_rope_head_dim %u, "
-                        "v_head_dim %u: not what the kernels hold",
-                        a->kv_lora_rank, a->qk_nope_dim, a->qk_rope_dim, a->v_head_dim);
+                        "MLA with q_lora_rank %u, kv_lora_rank %u, qk_nope_head_dim %u, "
+                        "qk_rope_head_dim %u, v_head_dim %u: not what the kernels hold",
+                        a->q_lora_rank, a->kv_lora_rank, a->qk_nope_dim, a->qk_rope_dim,
+                        a->v_head_dim);
         if (mc->n_routed > 256 || mc->n_group > 32 || mc->n_shared > 16)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "%u routed experts in %u groups and %u shared: the router holds at most "
@@ -1057,7 +1058,7 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         /* causal attention over the latent cache, then each head's latent through W_UV */
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
                 a->softmax_scale, b->acc, b->ml);
-        cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
+        cu_mla_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
 }
 

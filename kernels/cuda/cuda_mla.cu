@@ -40,20 +40,67 @@ __device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, cons
 /* ---------------------------------------------------------------------------------------
  * Projections around the attention */
 
+/* Loads in flight per thread in the staging loops: each round of loads waits on the
+ * memory once, so rounds, not loads, set the time of a small step. */
+#define MLA_LOADS 8
+
+static __device__ __forceinline__ float4 f4_add(float4 a, float4 b)
+{
+        return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+/* sum_part four columns at a time: for the quads i = first, first + step, .. < n, put(i, v)
+ * with v the sum over the slices, in slice order, of the four floats at offset at(i).x of
+ * each slice, plus bias[at(i).y ..] when there is a bias. The (quad, slice) loads go
+ * MLA_LOADS at a time whatever the slice count. Offsets and columns are multiples of 4. */
+template <typename At, typename Put>
+static __device__ __forceinline__ void mla_quads(const float *__restrict__ part, uint32_t splits,
+        size_t stride, const float *__restrict__ bias, uint32_t first, uint32_t step, uint32_t n,
+        At at, Put put)
+{
+        uint32_t total = first < n ? (n - first + step - 1) / step * splits : 0;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (uint32_t f0 = 0; f0 < total; f0 += MLA_LOADS) {
+                float4 v[MLA_LOADS], b[MLA_LOADS];
+#pragma unroll
+                for (uint32_t u = 0; u < MLA_LOADS; u++) {
+                        uint32_t f = f0 + u, s = f % splits;
+                        v[u] = b[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        if (f >= total)
+                                continue;
+                        uint2 o = at(first + f / splits * step);
+                        v[u] = __ldg((const float4 *) (part + s * stride + o.x));
+                        if (bias && s + 1 == splits)
+                                b[u] = __ldg((const float4 *) (bias + o.y));
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < MLA_LOADS; u++) {
+                        uint32_t f = f0 + u, s = f % splits;
+                        if (f >= total)
+                                break;
+                        acc = s == 0 ? v[u] : f4_add(acc, v[u]);
+                        if (s + 1 == splits)
+                                put(first + f / splits * step, bias ? f4_add(acc, b[u]) : acc);
+                }
+        }
+}
+
 /* The latent row of token r into the cache: one block. */
 __device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t slot)
 {
-        __shared__ float v[MLA_WIDTH_MAX];
-        uint32_t W = a.rank + a.R;
-        size_t row = (size_t) r * a.ld + a.col0;
+        __shared__ __align__(16) float v[MLA_WIDTH_MAX];
+        uint32_t W = a.rank + a.R, row = r * a.ld + a.col0, col0 = a.col0, rank = a.rank;
         __half *out = a.cache + (size_t) slot * W;
         float ss = 0.0f;
 
-        for (uint32_t i = threadIdx.x; i < W; i += blockDim.x) {
-                v[i] = sum_part(a.part, a.splits, a.stride, row + i, a.bias, a.col0 + i);
-                if (i < a.rank)
-                        ss += v[i] * v[i];
-        }
+        mla_quads(
+                a.part, a.splits, a.stride, a.bias, threadIdx.x, blockDim.x, W / 4,
+                [=](uint32_t i) { return make_uint2(row + 4 * i, col0 + 4 * i); },
+                [&](uint32_t i, float4 x) {
+                        *(float4 *) (v + 4 * i) = x;
+                        if (4 * i < rank)
+                                ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+                });
         float inv = 1.0f / sqrtf(mla_block_sum(ss) / (float) a.rank + a.eps);
         for (uint32_t i = threadIdx.x; i < a.rank; i += blockDim.x)
                 out[i] = __float2half(a.norm_w[i] * (v[i] * inv));
@@ -155,8 +202,8 @@ static __device__ __forceinline__ void mla_store(const float *c, __half *out, si
 /* The fused query kernel. Blocks below n_gemm: (m-group of MLA_HW m-tiles, head, row
  * group) of q[r][h][0 .. rank) = q_nope · W_UK, q_nope summed from the partials as it is
  * staged; float32 q_nope goes in as two FP16 halves (hi and the rest), so the product
- * keeps about 22 bits of it. The blocks after: one a row, the roped q_pe into
- * q[r][h][rank ..) and, with kv, the row's latent into the cache. */
+ * keeps about 22 bits of it. A head's blocks also share its roped q_pe of the group's rows
+ * into q[r][h][rank ..). With kv, one block a row after them writes its latent row. */
 __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *__restrict__ part,
         uint32_t splits, size_t stride, const float *__restrict__ bias, uint32_t ld,
         const uint32_t *pos, const uint32_t *slot, uint32_t rows, uint32_t H, uint32_t P,
@@ -169,24 +216,14 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *__restr
 
         if (blockIdx.x >= n_gemm) {
                 uint32_t r = blockIdx.x - n_gemm;
-                if (kv.cache)
-                        mla_kv_row(kv, r, pos[r], slot[r]);
-                size_t row = (size_t) r * ld;
-                for (uint32_t i = threadIdx.x; i < H * (R / 2); i += blockDim.x) {
-                        uint32_t h = i / (R / 2), j = i % (R / 2), c = h * qk + P + 2 * j;
-                        float a = sum_part(part, splits, stride, row + c, bias, c);
-                        float b = sum_part(part, splits, stride, row + c + 1, bias, c + 1);
-                        float2 o = rope_pair(a, b, pos[r], inv_freq, j, af);
-                        *(__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * j) =
-                                __floats2half2_rn(o.x, o.y);
-                }
+                mla_kv_row(kv, r, pos[r], slot[r]);
                 return;
         }
 
         uint32_t bi = blockIdx.x, mg = bi % MG, h = bi / MG % H, r0 = bi / (MG * H) * MLA_RB;
         uint32_t nr = min((uint32_t) MLA_RB, rows - r0), nrt = (nr + 7) / 8;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-        uint32_t KS = P / 16, mt = mg * MLA_HW + warp, LD = P + 8;
+        uint32_t KS = P / 16, mt = mg * MLA_HW + warp, LD = P + 8, P4 = P / 4, R4 = R / 4;
 
         /* the warp's weight tiles first: in flight while the rows are staged */
         uint4 a[MLA_KS_MAX];
@@ -196,19 +233,43 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *__restr
                 if (ks < KS)
                         a[ks] = __ldg(wa + ks * 32);
 
+        /* q_pe: quad i of the head's rows, by the head's MG blocks in turn */
+        mla_quads(
+                part, splits, stride, bias, mg + MG * threadIdx.x, MG * blockDim.x, nr * R4,
+                [=](uint32_t i) {
+                        uint32_t c = h * qk + P + 4 * (i % R4);
+                        return make_uint2((r0 + i / R4) * ld + c, c);
+                },
+                [=](uint32_t i, float4 v) {
+                        uint32_t r = r0 + i / R4, j = 2 * (i % R4);
+                        float2 x = rope_pair(v.x, v.y, pos[r], inv_freq, j, af);
+                        float2 y = rope_pair(v.z, v.w, pos[r], inv_freq, j + 1, af);
+                        __half2 *o = (__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * j);
+                        o[0] = __floats2half2_rn(x.x, x.y);
+                        o[1] = __floats2half2_rn(y.x, y.y);
+                });
+
+        /* q_nope of the group's rows as hi and lo halves, zeros up to the row tile */
         __half *hi_s = (__half *) smem, *lo_s = hi_s + MLA_RB * LD;
-        for (uint32_t i = threadIdx.x; i < nrt * 8 * (P / 2); i += blockDim.x) {
-                uint32_t r = i / (P / 2), k = 2 * (i % (P / 2)), c = h * qk + k;
-                float x = 0.0f, y = 0.0f;
-                if (r < nr) {
-                        size_t at = (size_t) (r0 + r) * ld + c;
-                        x = sum_part(part, splits, stride, at, bias, c);
-                        y = sum_part(part, splits, stride, at + 1, bias, c + 1);
-                }
-                __half2 hv = __floats2half2_rn(x, y);
-                float2 hf = __half22float2(hv);
-                *(__half2 *) (hi_s + r * LD + k) = hv;
-                *(__half2 *) (lo_s + r * LD + k) = __floats2half2_rn(x - hf.x, y - hf.y);
+        mla_quads(
+                part, splits, stride, bias, threadIdx.x, blockDim.x, nr * P4,
+                [=](uint32_t i) {
+                        uint32_t c = h * qk + 4 * (i % P4);
+                        return make_uint2((r0 + i / P4) * ld + c, c);
+                },
+                [=](uint32_t i, float4 v) {
+                        uint32_t at = i / P4 * LD + 4 * (i % P4);
+                        __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
+                        float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+                        __half2 l0 = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
+                        __half2 l1 = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
+                        *(uint2 *) (hi_s + at) = make_uint2(*(uint32_t *) &h0, *(uint32_t *) &h1);
+                        *(uint2 *) (lo_s + at) = make_uint2(*(uint32_t *) &l0, *(uint32_t *) &l1);
+                });
+        for (uint32_t i = nr * P4 + threadIdx.x; i < nrt * 8 * P4; i += blockDim.x) {
+                uint32_t at = i / P4 * LD + 4 * (i % P4);
+                *(uint2 *) (hi_s + at) = make_uint2(0, 0);
+                *(uint2 *) (lo_s + at) = make_uint2(0, 0);
         }
         __syncthreads();
 
@@ -245,7 +306,7 @@ void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t s
                 opted = true;
         }
         uint32_t n_gemm = rank / (16 * MLA_HW) * H * div_up(rows, MLA_RB);
-        k_mla_absorb<<<n_gemm + rows, MLA_HW * 32, mla_absorb_smem(P), st>>>(part, splits,
+        k_mla_absorb<<<n_gemm + (kv ? rows : 0), MLA_HW * 32, mla_absorb_smem(P), st>>>(part, splits,
                 slice_stride, bias, ld, meta.pos, meta.slot, rows, H, P, R, rank, inv_freq, af,
                 (const uint4 *) wk, q, kv ? *kv : CuMlaKv{});
 }
@@ -272,12 +333,22 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *__rest
                         a[ks] = __ldg(wa + ks * 32);
 
         __half *in_s = (__half *) smem;
-        for (uint32_t i = threadIdx.x; i < nrt * 8 * units; i += blockDim.x) {
-                uint32_t r = i / units, k = 8 * (i % units);
-                *(uint4 *) (in_s + r * LD + k) =
-                        r < nr ? __ldg((const uint4 *) (o_lat + ((size_t) (r0 + r) * H + h) * rank +
-                                                        k))
-                               : make_uint4(0, 0, 0, 0);
+        for (uint32_t i0 = threadIdx.x; i0 < nrt * 8 * units; i0 += 2 * MLA_LOADS * blockDim.x) {
+                uint4 v[2 * MLA_LOADS];
+#pragma unroll
+                for (uint32_t u = 0; u < 2 * MLA_LOADS; u++) {
+                        uint32_t i = i0 + u * blockDim.x, r = i / units;
+                        v[u] = r < nr ? __ldg((const uint4 *) (o_lat +
+                                                               ((size_t) (r0 + r) * H + h) * rank +
+                                                               8 * (i % units)))
+                                      : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < 2 * MLA_LOADS; u++) {
+                        uint32_t i = i0 + u * blockDim.x;
+                        if (i < nrt * 8 * units)
+                                *(uint4 *) (in_s + i / units * LD + 8 * (i % units)) = v[u];
+                }
         }
         __syncthreads();
 
@@ -405,19 +476,51 @@ static __device__ __forceinline__ void mla_cp16(void *dst, const void *src, bool
                 "r"(live ? 16 : 0));
 }
 
+/* Starts loading rows of W halves into buf (row stride WS), row r < nrows from src(r)
+ * when r < live else zeros, warp w on rows w, w + 4, .. and its lanes on the 16-byte
+ * units of a row. The caller commits the group. */
+template <typename Src>
+static __device__ __forceinline__ void mla_rows(__half *buf, uint32_t nrows, uint32_t live,
+        uint32_t W, uint32_t WS, Src src)
+{
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, units = W / 8;
+        for (uint32_t r = warp; r < nrows; r += MLA_THREADS / 32) {
+                const __half *p = src(r < live ? r : 0);
+                for (uint32_t u = lane; u < units; u += 32)
+                        mla_cp16(buf + r * WS + 8 * u, p + 8 * u, r < live);
+        }
+}
+
 /* Starts loading latent rows c0 .. c0 + cn of the item (slots in slot_s) into buf, zeros
  * up to MLA_CHUNK rows, as one cp.async group. */
 static __device__ __forceinline__ void mla_stage(__half *buf, const __half *cache,
         const uint32_t *slot_s, uint32_t c0, uint32_t cn, uint32_t W, uint32_t WS)
 {
-        uint32_t units = W / 8;
-        for (uint32_t i = threadIdx.x; i < MLA_CHUNK * units; i += MLA_THREADS) {
-                uint32_t r = i / units, u = i % units;
-                bool live = r < cn;
-                mla_cp16(buf + r * WS + 8 * u,
-                        cache + (live ? (size_t) slot_s[c0 + r] * W + 8 * u : 0), live);
-        }
+        mla_rows(buf, MLA_CHUNK, cn, W, WS,
+                [=](uint32_t r) { return cache + (size_t) slot_s[c0 + r] * W; });
         asm volatile("cp.async.commit_group;" ::);
+}
+
+/* x[i] without indexing the register array at run time. */
+static __device__ __forceinline__ float pick4(const float (&x)[4], uint32_t i)
+{
+        return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
+}
+
+static __device__ __forceinline__ void mla_ldsm4(uint32_t *r, const __half *p)
+{
+        uint32_t a = (uint32_t) __cvta_generic_to_shared(p);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(a));
+}
+
+static __device__ __forceinline__ void mla_ldsm2(uint32_t *r, const __half *p)
+{
+        uint32_t a = (uint32_t) __cvta_generic_to_shared(p);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                     : "=r"(r[0]), "=r"(r[1])
+                     : "r"(a));
 }
 
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__restrict__ q,
@@ -439,7 +542,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
         uint32_t n_items = meta[0];
         const int4 *items = (const int4 *) (meta + meta[1]);
         uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
-        uint32_t nt = rank / 32, d0 = warp * (rank / 4), units = W / 8;
+        uint32_t nt = rank / 32, d0 = warp * (rank / 4);
 
         for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
                 int4 item = items[it]; /* row, first position, end position */
@@ -450,11 +553,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                 /* the group's queries, zeros past hg heads; they complete with the first
                  * chunk's group */
                 const __half *qg = q + ((size_t) row * H + h0) * W;
-                for (uint32_t i = t; i < MLA_HEADS * units; i += MLA_THREADS) {
-                        uint32_t hh = i / units, u = i % units;
-                        mla_cp16(q_h + hh * WS + 8 * u,
-                                qg + (hh < hg ? (size_t) hh * W + 8 * u : 0), hh < hg);
-                }
+                mla_rows(q_h, MLA_HEADS, hg, W, WS, [=](uint32_t r) { return qg + (size_t) r * W; });
                 for (uint32_t i = t; i < n; i += MLA_THREADS) {
                         uint32_t p = t0 + i;
                         uint32_t block = meta[row_bt[row] + p / bt_tokens];
@@ -484,16 +583,34 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                         }
                         __syncthreads();
 
-                        /* S = Q·Kᵀ: warp w on the chunk's positions 8w .. 8w + 8 */
+                        /* S = Q·Kᵀ: warp w on the chunk's positions 8w .. 8w + 8, fragments
+                         * by ldmatrix (A: heads (lane % 8, + 8) x k (+ 8 from lane 16); B:
+                         * positions x k (+ 8 from lane 8)), even and odd k-steps into two
+                         * sums added at the end */
                         {
                                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                                const __half *kr = kv_s + (8 * warp + g) * WS + 2 * tq;
-                                const __half *qa = q_h + g * WS + 2 * tq;
-                                for (uint32_t k = 0; k < W; k += 16) {
-                                        uint32_t a[4] = {lds32(qa + k), lds32(qa + 8 * WS + k),
-                                                lds32(qa + k + 8), lds32(qa + 8 * WS + k + 8)};
-                                        mla_mma(c, a, lds32(kr + k), lds32(kr + k + 8));
+                                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                                const __half *qa = q_h + (lane % 8 + 8 * (lane / 8 % 2)) * WS +
+                                                   8 * (lane / 16);
+                                const __half *kr = kv_s + (8 * warp + lane % 8) * WS +
+                                                   8 * (lane / 8 % 2);
+                                uint32_t a[4], b[2], k = 0;
+                                for (; k + 32 <= W; k += 32) {
+                                        mla_ldsm4(a, qa + k);
+                                        mla_ldsm2(b, kr + k);
+                                        mla_mma(c, a, b[0], b[1]);
+                                        mla_ldsm4(a, qa + k + 16);
+                                        mla_ldsm2(b, kr + k + 16);
+                                        mla_mma(d, a, b[0], b[1]);
                                 }
+                                if (k < W) {
+                                        mla_ldsm4(a, qa + k);
+                                        mla_ldsm2(b, kr + k);
+                                        mla_mma(c, a, b[0], b[1]);
+                                }
+#pragma unroll
+                                for (uint32_t j = 0; j < 4; j++)
+                                        c[j] += d[j];
                                 uint32_t i = 8 * warp + 2 * tq;
                                 p_s[g * MLA_CHUNK + i] = i < cn ? c[0] * scale : -FLT_MAX;
                                 p_s[g * MLA_CHUNK + i + 1] = i + 1 < cn ? c[1] * scale : -FLT_MAX;
@@ -503,23 +620,39 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                         }
                         __syncthreads();
 
-                        /* online softmax: warp w on heads 4w .. 4w + 4, lane on a position */
-                        for (uint32_t h = 4 * warp; h < 4 * warp + 4; h++) {
-                                float sv = p_s[h * MLA_CHUNK + lane];
-                                float cm = sv;
+                        /* online softmax: warp w on heads 4w .. 4w + 4 together, lane on a
+                         * position */
+                        {
+                                float sv[4], cm[4], mo[4], mn[4], ls[4];
+#pragma unroll
+                                for (uint32_t j = 0; j < 4; j++)
+                                        cm[j] = sv[j] = p_s[(4 * warp + j) * MLA_CHUNK + lane];
+#pragma unroll
                                 for (int off = 16; off > 0; off >>= 1)
-                                        cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
-                                float m_old = m_s[h], m_new = fmaxf(m_old, cm);
-                                float e = lane < cn ? expf(sv - m_new) : 0.0f;
-                                p_h[h * (MLA_CHUNK + 8) + lane] = __float2half(e);
-                                float ls = e;
+#pragma unroll
+                                        for (uint32_t j = 0; j < 4; j++)
+                                                cm[j] = fmaxf(cm[j],
+                                                        __shfl_xor_sync(0xffffffffu, cm[j], off));
+#pragma unroll
+                                for (uint32_t j = 0; j < 4; j++) {
+                                        uint32_t h = 4 * warp + j;
+                                        mo[j] = m_s[h];
+                                        mn[j] = fmaxf(mo[j], cm[j]);
+                                        ls[j] = lane < cn ? expf(sv[j] - mn[j]) : 0.0f;
+                                        p_h[h * (MLA_CHUNK + 8) + lane] = __float2half(ls[j]);
+                                }
+#pragma unroll
                                 for (int off = 16; off > 0; off >>= 1)
-                                        ls += __shfl_xor_sync(0xffffffffu, ls, off);
+#pragma unroll
+                                        for (uint32_t j = 0; j < 4; j++)
+                                                ls[j] += __shfl_xor_sync(0xffffffffu, ls[j], off);
                                 __syncwarp();
-                                if (lane == 0) {
+                                if (lane < 4) {
+                                        uint32_t h = 4 * warp + lane;
+                                        float m_old = pick4(mo, lane), m_new = pick4(mn, lane);
                                         float f = expf(m_old - m_new);
                                         f_s[h] = f;
-                                        l_s[h] = l_s[h] * f + ls;
+                                        l_s[h] = l_s[h] * f + pick4(ls, lane);
                                         m_s[h] = m_new;
                                 }
                         }
@@ -578,6 +711,72 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                 if (t < hg)
                         ml_out[(size_t) it * H + h0 + t] = make_float2(m_s[t], l_s[t]);
         }
+}
+
+/* The merge of a row's item partials per (row, head, 128 latent dimensions), a thread a
+ * dimension: the maximum of the items' maxima, then per MLA_COMBINE items their weights
+ * exp(m_i - m) in shared memory and the sums in item order, MLA_COMBINE_LOADS loads in
+ * flight. The first items' (m, l) stay in registers from the maximum's pass. */
+#define MLA_COMBINE       128
+#define MLA_COMBINE_LOADS 16
+
+__global__ void __launch_bounds__(MLA_COMBINE) k_mla_combine(const float *__restrict__ acc,
+        const float2 *__restrict__ ml, const uint2 *row_items, uint32_t H, uint32_t rank,
+        __half *out)
+{
+        __shared__ float w_s[MLA_COMBINE], l_s[MLA_COMBINE], red[MLA_COMBINE / 32];
+        uint32_t r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+        uint32_t d = blockIdx.z * MLA_COMBINE + t;
+        uint2 ri = row_items[r];
+
+        float2 e0 = t < ri.y ? ml[(size_t) (ri.x + t) * H + h] : make_float2(-FLT_MAX, 0.0f);
+        float m = e0.x;
+        for (uint32_t i = t + MLA_COMBINE; i < ri.y; i += MLA_COMBINE)
+                m = fmaxf(m, ml[(size_t) (ri.x + i) * H + h].x);
+        for (int off = 16; off > 0; off >>= 1)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        if (t % 32 == 0)
+                red[t / 32] = m;
+        __syncthreads();
+        for (uint32_t w = 0; w < MLA_COMBINE / 32; w++)
+                m = fmaxf(m, red[w]);
+
+        float a = 0.0f, l = 0.0f;
+        size_t stride = (size_t) H * rank;
+        for (uint32_t c0 = 0; c0 < ri.y; c0 += MLA_COMBINE) {
+                uint32_t nc = min((uint32_t) MLA_COMBINE, ri.y - c0);
+                __syncthreads(); /* the previous items' readers are done */
+                if (t < nc) {
+                        float2 e = c0 == 0 ? e0 : ml[(size_t) (ri.x + c0 + t) * H + h];
+                        w_s[t] = expf(e.x - m);
+                        l_s[t] = w_s[t] * e.y;
+                }
+                __syncthreads();
+                for (uint32_t i = 0; i < nc; i++)
+                        l += l_s[i];
+                if (d >= rank)
+                        continue;
+                const float *ap = acc + ((size_t) (ri.x + c0) * H + h) * rank + d;
+                for (uint32_t i = 0; i < nc; i += MLA_COMBINE_LOADS) {
+                        float v[MLA_COMBINE_LOADS];
+#pragma unroll
+                        for (uint32_t j = 0; j < MLA_COMBINE_LOADS; j++)
+                                v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
+#pragma unroll
+                        for (uint32_t j = 0; j < MLA_COMBINE_LOADS; j++)
+                                if (i + j < nc)
+                                        a += w_s[i + j] * v[j];
+                }
+        }
+        if (d < rank)
+                out[((size_t) r * H + h) * rank + d] = __float2half(a / l);
+}
+
+void cu_mla_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
+        uint32_t rows, uint32_t H, uint32_t rank, __half *out)
+{
+        dim3 grid(rows, H, div_up(rank, MLA_COMBINE));
+        k_mla_combine<<<grid, MLA_COMBINE, 0, st>>>(acc, ml, meta.row_items, H, rank, out);
 }
 
 static size_t mla_smem(uint32_t W)
