@@ -1206,15 +1206,16 @@ static uint32_t seq_blocks(const Backend *b, const BkSeq *s)
  * dependent loads costs about the same at 16 positions as at 128). The partition, hence
  * a row's float rounding, depends on the row and the step's sequence count only: graphs
  * and eager steps of the same sequences agree, but a sequence decoded with more than
- * ATT_SMALL_STEP others may round differently than alone. MLA items are cut the same way:
- * an item's FP16 queries load together with its first latent rows (cu_mla_attention). */
+ * ATT_SMALL_STEP others may round differently than alone. MLA decode rows of a small step
+ * are cut the same way from one chunk of the latent kernel up (a shorter item costs that
+ * kernel as much and the combine more); other MLA rows take MLA_ITEM. */
 #define ATT_SMALL_STEP 8u
 
-static uint32_t att_chunk(const BkSeq *s, uint32_t pos, uint32_t n_seqs)
+static uint32_t att_chunk(const Backend *b, const BkSeq *s, uint32_t pos, uint32_t n_seqs)
 {
         if (s->n_tokens != 1 || n_seqs > ATT_SMALL_STEP)
-                return ATT_CHUNK;
-        uint32_t c = 16, want = div_up(pos + 1, 64);
+                return b->mla ? MLA_ITEM : ATT_CHUNK;
+        uint32_t c = b->mla ? MLA_CHUNK : 16, want = div_up(pos + 1, 64);
         while (c < want && c < ATT_CHUNK)
                 c *= 2;
         return c;
@@ -1234,7 +1235,7 @@ static bool plan_fits(const Backend *b, const Plan *p, const BkSeq *seqs, uint32
 {
         uint32_t items = uses_flash(b, &seqs[i])
                                  ? 0
-                                 : div_up(pos + 1, att_chunk(&seqs[i], pos, p->n_seqs));
+                                 : div_up(pos + 1, att_chunk(b, &seqs[i], pos, p->n_seqs));
         uint32_t bt = p->seq_bt_seq == (int32_t) i ? 0 : seq_blocks(b, &seqs[i]);
         return p->rows < TILE_ROWS && p->n_items + items <= TILE_ITEMS &&
                p->n_bt + bt <= TILE_BT && (!logits || p->n_out < TILE_OUT);
@@ -1261,7 +1262,7 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
         meta_arr(b, 2)[r] = s->blocks[pos / b->block_tokens] * b->block_tokens + pos % b->block_tokens;
         meta_arr(b, 3)[r] = p->seq_bt_at; /* relative for now, see plan_finish */
         bool flash = uses_flash(b, s);
-        uint32_t chunk = att_chunk(s, pos, p->n_seqs), items = flash ? 0 : div_up(pos + 1, chunk);
+        uint32_t chunk = att_chunk(b, s, pos, p->n_seqs), items = flash ? 0 : div_up(pos + 1, chunk);
         meta_arr(b, 4)[2 * r] = p->n_items;
         meta_arr(b, 4)[2 * r + 1] = items;
         for (uint32_t k = 0; k < items; k++) {
@@ -1472,7 +1473,7 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
         for (uint32_t i = 0; i < n; i++) {
                 if (seqs[i].n_tokens != 1 || !seqs[i].sample || seqs[i].logits)
                         return false;
-                items += div_up(seqs[i].pos + 1, att_chunk(&seqs[i], seqs[i].pos, n));
+                items += div_up(seqs[i].pos + 1, att_chunk(b, &seqs[i], seqs[i].pos, n));
                 bt += seq_blocks(b, &seqs[i]);
         }
         uint32_t bucket = 1;
@@ -1713,7 +1714,7 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
                         "cuda backend: sequence %u: %u KV blocks cover less than %llu positions",
                         i, seq->n_blocks, (unsigned long long) end);
         if (need > TILE_BT ||
-                div_up((uint32_t) end, att_chunk(seq, (uint32_t) end - 1, 1)) > TILE_ITEMS)
+                div_up((uint32_t) end, att_chunk(b, seq, (uint32_t) end - 1, 1)) > TILE_ITEMS)
                 return ds_error(err, -DS_ERR_UNSUPPORTED,
                         "cuda backend: sequence %u: context of %llu positions is too long", i,
                         (unsigned long long) end);

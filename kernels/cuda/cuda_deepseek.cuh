@@ -24,6 +24,12 @@ extern "C" {
 
 /* Query heads one MLA attention block holds; more heads take more blocks. */
 #define MLA_HEADS 16
+/* Latent rows the MLA attention kernel stages at a time. */
+#define MLA_CHUNK 32
+/* Positions of an MLA item outside small decode steps: five chunks of the attention
+ * kernel, so that 64 rows at a 512-position context are 256 items, one wave of its two
+ * blocks per SM (128-position items made 320, two waves). */
+#define MLA_ITEM 160
 /* Widest latent row (rank + R) and latent (rank) the MLA kernels hold. */
 #define MLA_WIDTH_MAX 640
 #define MLA_RANK_MAX  512

@@ -465,7 +465,6 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
  * float32; the result is the same partial (acc, ml) the combine kernel merges. Everything
  * depends on the item only, so a row's output does not depend on the batch. */
 #define MLA_THREADS 128
-#define MLA_CHUNK   32
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
 /* A 16-byte cp.async into shared memory; zeros where !live (src is not read then). */
@@ -535,8 +534,8 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
         __half *kv_b = q_h + MLA_HEADS * WS;                    /* (2, MLA_CHUNK, WS) */
         float *p_s = (float *) (kv_b + 2 * MLA_CHUNK * WS);     /* (16, MLA_CHUNK) */
         __half *p_h = (__half *) (p_s + MLA_HEADS * MLA_CHUNK); /* (16, MLA_CHUNK + 8) */
-        uint32_t *slot_s = (uint32_t *) (p_h + MLA_HEADS * (MLA_CHUNK + 8)); /* (ATT_CHUNK) */
-        float *m_s = (float *) (slot_s + ATT_CHUNK);            /* (16) running max */
+        uint32_t *slot_s = (uint32_t *) (p_h + MLA_HEADS * (MLA_CHUNK + 8)); /* (MLA_ITEM) */
+        float *m_s = (float *) (slot_s + MLA_ITEM);             /* (16) running max */
         float *l_s = m_s + MLA_HEADS;                           /* (16) running sum */
         float *f_s = l_s + MLA_HEADS;                           /* (16) rescale factor */
         uint32_t n_items = meta[0];
@@ -782,7 +781,7 @@ void cu_mla_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta 
 static size_t mla_smem(uint32_t W)
 {
         return ((size_t) MLA_HEADS + 2 * MLA_CHUNK) * (W + 8) * 2 + MLA_HEADS * MLA_CHUNK * 4 +
-               MLA_HEADS * (MLA_CHUNK + 8) * 2 + ATT_CHUNK * 4 + 3 * MLA_HEADS * 4;
+               MLA_HEADS * (MLA_CHUNK + 8) * 2 + MLA_ITEM * 4 + 3 * MLA_HEADS * 4;
 }
 
 void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,

@@ -7,8 +7,8 @@
  *    within 1e-5 relative;
  *  - prefills of eighteen sequences (one chunked, 200 tokens: latent items of several
  *    chunks, W_UK and W_UV over several 64-row groups, experts with more than 16 rows, the
- *    cuBLAS path), two decode steps of six of them (a small step: many 16-position items a
- *    row) and two of all eighteen (more than 8 sequences and 16 rows: 128-position items,
+ *    cuBLAS path), two decode steps of six of them (a small step: many 32-position items a
+ *    row) and two of all eighteen (more than 8 sequences and 16 rows: 160-position items,
  *    several row tiles), logits within 1e-2 relative error of the CPU's for every row but
  *    where routing met a near tie (see rows_err);
  *  - 24 greedy decode steps of 5 and of 20 sequences after 20-token prompts: graph
