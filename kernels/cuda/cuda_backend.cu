@@ -1068,16 +1068,20 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
-        /* Up to 8 rows (one pass of the expert GEMV) the shared experts' slices ride along
-         * with the routed experts as more pairs at weight 1, three launches fewer; above,
-         * they run as one MLP through linear(), where cuBLAS takes many rows. */
+        /* Experts that get 2 rows on average and more go through the grouped GEMM, which
+         * reads an expert's weights once per 32 of its rows, not once per 8 (the choice
+         * depends on the bucket only). There, and up to 8 rows (one pass of the expert
+         * GEMV), the shared experts' slices ride along with the routed experts as more
+         * pairs at weight 1, three launches fewer; else they run as one MLP through
+         * linear(). */
         CuRoute rt = b->route;
-        rt.n_shared = rows <= 8 ? mc->n_shared : 0;
+        bool grouped = rows * mc->top_k >= 2 * mc->n_routed;
+        rt.n_shared = rows <= 8 || grouped ? mc->n_shared : 0;
         uint32_t K = mc->top_k + rt.n_shared, E = mc->n_routed + rt.n_shared;
         uint32_t H = c->hidden, pairs = rows * K, slots = MIN(E, pairs);
         /* K slices pay off while few experts are touched; with many, the experts alone fill
          * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
-        bool few = slots * 4 <= E;
+        bool few = !grouped && slots * 4 <= E;
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
@@ -1088,11 +1092,19 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
 
         /* every pair's gate|up, swiglu, down */
-        cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff, b->elist, K,
-                b->xn, H, b->epart, gstride);
+        if (grouped)
+                cu_gemm_experts(b->st, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff,
+                        b->elist, K, b->xn, H, b->epart);
+        else
+                cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff,
+                        b->elist, K, b->xn, H, b->epart, gstride);
         cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
-        cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff, b->elist,
-                1, b->ehb, mc->expert_dim, b->edpart, dstride);
+        if (grouped)
+                cu_gemm_experts(b->st, dn, slots, pairs, L->e_down_qw, L->e_down_sz, b->eids,
+                        b->eoff, b->elist, 1, b->ehb, mc->expert_dim, b->edpart);
+        else
+                cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff,
+                        b->elist, 1, b->ehb, mc->expert_dim, b->edpart, dstride);
 
         /* the shared experts on every row, when not among the pairs */
         const float *shared = NULL;
@@ -1870,7 +1882,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
 }
 
 extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
-        const uint32_t *expert_of, uint32_t n_pairs, uint32_t x_div, bool reverse,
+        const uint32_t *expert_of, uint32_t n_pairs, uint32_t x_div, bool reverse, bool grouped,
         const float *x, float *y, DsError *err)
 {
         const BkLinear *e0 = &experts[0];
@@ -1887,7 +1899,7 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
         l.in = e0->in;
         l.out = e0->out;
         l.group_size = e0->group_size;
-        l.splits = cu_awq_splits(b->n_sm, l.out, l.in, 6);
+        l.splits = grouped ? 1 : cu_awq_splits(b->n_sm, l.out, l.in, 6);
         size_t qb, sb, K = l.in, N = l.out, x_rows = (n_pairs + x_div - 1) / x_div;
         cu_awq_sizes(l.in, l.out, l.group_size, &qb, &sb);
         size_t y_floats = (size_t) l.splits * n_pairs * N;
@@ -1945,8 +1957,13 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                         e = cudaMemsetAsync(yd, 0xff, y_floats * 4, b->st);
                 if (e == cudaSuccess) {
                         cu_to_half(b->st, xd, xh, x_rows * K);
-                        cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL, offd, listd,
-                                x_div, xh, (uint32_t) K, yd, (size_t) n_pairs * N);
+                        if (grouped)
+                                cu_gemm_experts(b->st, &l, n_experts, n_pairs, qb / 16, sb / 4,
+                                        NULL, offd, listd, x_div, xh, (uint32_t) K, yd);
+                        else
+                                cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL,
+                                        offd, listd, x_div, xh, (uint32_t) K, yd,
+                                        (size_t) n_pairs * N);
                         e = cudaGetLastError();
                 }
                 if (e == cudaSuccess)

@@ -23,12 +23,14 @@ bool cuda_device_present(void);
  * copy of l. */
 int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, DsError *err);
 
-/* Test hook: the MoE expert GEMV (cu_gemv_experts) over n_experts AWQ linears of one shape
- * stored one after the other. Pair p goes to expert expert_of[p] and reads row p / x_div
- * of x (ceil(n_pairs / x_div) rows of in); an expert's rows are listed in pair order, or
- * in reverse when reverse. y (n_pairs, out) = the sum of the slices. */
+/* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
+ * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
+ * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of
+ * in); an expert's rows are listed in pair order, or in reverse when reverse. y (n_pairs,
+ * out) = the sum of the slices. */
 int cuda_test_experts(const BkLinear *experts, uint32_t n_experts, const uint32_t *expert_of,
-        uint32_t n_pairs, uint32_t x_div, bool reverse, const float *x, float *y, DsError *err);
+        uint32_t n_pairs, uint32_t x_div, bool reverse, bool grouped, const float *x, float *y,
+        DsError *err);
 
 /* Test hook: the MoE router kernel on rows rows of float32 logits (rows, n_routed) with
  * e_score_correction_bias or NULL: idx, w (rows, top_k) as cpu_moe_route returns them. */

@@ -336,6 +336,245 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
                 slice_stride);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * Grouped INT4 x FP16 GEMM for MoE steps whose experts get many rows.
+ *
+ * k_gemv_awq re-reads an expert's weights for every pass of 8 rows. Here a CTA takes one
+ * block of up to MG_ROWS rows of one expert and MG_WARPS * AWQ_NT tiles, and walks all of
+ * K once: an expert's weights are read once per block, so once per step up to MG_ROWS rows
+ * (the blocks of an expert are neighbours in the grid, so its further blocks mostly find
+ * the weights in L2). The weights are the mma A operand as in k_gemv_awq (same layout,
+ * dequantization and per-group scaling); the block's rows are the B operand in tiles of
+ * 8, walked while a chunk's A registers stay live. The warps split the tiles, not K: a
+ * warp owns its columns over all of K (no reduction between warps), and the x chunk of
+ * the block's rows, the same for all of them, comes through shared memory (cp.async,
+ * MG_XST stages, MG_XST - 1 chunks ahead). Blocks go slot after slot, MG_ROWS rows at a
+ * time; every warp finds its CTA's block from off alone, so the grid is sized for the
+ * worst case and spare CTAs leave at once. A row's result depends only on its own x row
+ * (the mma's columns are independent, and every row tile does the same arithmetic), not
+ * on the other rows of its expert or their number. Needs group size and K multiples of
+ * the chunk and a row stride of x a multiple of 8 (cu_gemm_experts falls back else). */
+
+#define MG_WARPS 4
+#define MG_H     4 /* row tiles of 8 */
+#define MG_ROWS  (8 * MG_H)
+#define MG_D     4 /* chunks of weights in flight per warp */
+#define MG_XST   3
+#define MG_XS    80 /* halves per row of an x stage: 64 and 16 of padding, so that the B
+                     * loads of a half warp hit 32 distinct banks */
+
+struct MoeGemmArgs {
+        const uint4 *qw;
+        const __half2 *sz;
+        size_t qw_units, sz_units; /* per expert */
+        const uint32_t *ids, *off, *list;
+        uint32_t n_slots, x_div, ldx;
+        const __half *x;
+        float *y;
+        uint32_t N, tiles, chunks, chunks_per_group;
+};
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
+{
+        uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
+        int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+        asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__global__ void __launch_bounds__(MG_WARPS * 32, 4) k_moe_gemm(const MoeGemmArgs a)
+{
+        __shared__ __align__(16) __half xs[MG_XST][MG_ROWS][MG_XS];
+        const uint32_t full = 0xffffffffu;
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+        /* the CTA's block: slot, first row p0 of the list, pr rows */
+        uint32_t z = blockIdx.y, before = 0, slot = UINT32_MAX, p0 = 0, pr = 0;
+        for (uint32_t s0 = 0; s0 < a.n_slots && slot == UINT32_MAX; s0 += 32) {
+                uint32_t s = s0 + lane, r0 = 0, r1 = 0;
+                if (s < a.n_slots) {
+                        r0 = a.off[s];
+                        r1 = a.off[s + 1];
+                }
+                uint32_t nb = (r1 - r0 + MG_ROWS - 1) / MG_ROWS, inc = nb;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                        uint32_t v = __shfl_up_sync(full, inc, o);
+                        if (lane >= (uint32_t) o)
+                                inc += v;
+                }
+                uint32_t first = before + inc - nb;
+                uint32_t hit = __ballot_sync(full, z >= first && z < first + nb);
+                if (hit) {
+                        uint32_t src = __ffs(hit) - 1;
+                        slot = __shfl_sync(full, s, src);
+                        p0 = __shfl_sync(full, r0 + (z - first) * MG_ROWS, src);
+                        pr = min((uint32_t) MG_ROWS, __shfl_sync(full, r1, src) - p0);
+                }
+                before += __shfl_sync(full, inc, 31);
+        }
+        if (slot == UINT32_MAX)
+                return;
+
+        uint32_t e = a.ids ? a.ids[slot] : slot, nh = (pr + 7) / 8;
+        const uint4 *qw = a.qw + e * a.qw_units;
+        const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
+        uint32_t tile0 = (blockIdx.x * MG_WARPS + warp) * AWQ_NT;
+        bool live = tile0 < a.tiles; /* else the warp only helps to copy x */
+
+        /* x: thread i copies the 16-byte pieces i + MG_WARPS * 32 * j of each chunk (row
+         * piece / 8, halves 8 (piece % 8) ..); rows past pr are zero */
+        constexpr int XP = MG_ROWS * 8 / (MG_WARPS * 32);
+        const __half *xp[XP];
+#pragma unroll
+        for (int j = 0; j < XP; j++) {
+                uint32_t piece = threadIdx.x + MG_WARPS * 32 * j, row = piece / 8;
+                xp[j] = row < pr ? a.x + (size_t) (a.list[p0 + row] / a.x_div) * a.ldx +
+                                           8 * (piece % 8)
+                                 : NULL;
+        }
+        auto load_x = [&](uint32_t ch) {
+#pragma unroll
+                for (int j = 0; j < XP; j++) {
+                        uint32_t piece = threadIdx.x + MG_WARPS * 32 * j;
+                        cp_async16(&xs[ch % MG_XST][piece / 8][8 * (piece % 8)],
+                                xp[j] ? xp[j] + (size_t) ch * AWQ_KC : a.x, xp[j] != NULL);
+                }
+                cp_async_commit();
+        };
+
+        const uint4 *qp = qw + awq_unit(live ? tile0 : 0, 0, a.chunks) * 32 + lane;
+        const uint2 *sp = sz + (size_t) (live ? tile0 : 0) * 8 + g;
+        uint32_t group_recs = a.tiles * 8;
+        uint4 buf[MG_D][AWQ_NT];
+        uint2 szb[MG_D][AWQ_NT];
+        float c[AWQ_NT][MG_H][4];
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < MG_H; h++)
+                        c[j][h][0] = c[j][h][1] = c[j][h][2] = c[j][h][3] = 0.0f;
+
+        auto load = [&](int i, uint32_t ch) {
+                const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
+                const uint2 *sc = sp + (size_t) (ch / a.chunks_per_group) * group_recs;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        buf[i][j] = ld_stream(qc + 32 * j);
+                        szb[i][j] = ld_stream(sc + 8 * j);
+                }
+        };
+        /* c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1 */
+        auto compute = [&](int i, const __half (*xc)[MG_XS]) {
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        const uint4 v = buf[i][j];
+                        const uint2 r = szb[i][j];
+                        __half2 zlo = __low2half2(u32_as_h2(r.y));
+                        __half2 zhi = __high2half2(u32_as_h2(r.y));
+                        float2 s = __half22float2(u32_as_h2(r.x));
+                        uint32_t A[4][4];
+                        awq_a(v.x, zlo, zhi, A[0]);
+                        awq_a(v.y, zlo, zhi, A[1]);
+                        awq_a(v.z, zlo, zhi, A[2]);
+                        awq_a(v.w, zlo, zhi, A[3]);
+#pragma unroll
+                        for (int h = 0; h < MG_H; h++) {
+                                if ((uint32_t) h >= nh)
+                                        break;
+                                const __half *xr = xc[8 * h + g] + 4 * t;
+                                float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                                for (int kk = 0; kk < 4; kk++)
+                                        mma16816(tmp, A[kk], *(const uint2 *) (xr + 16 * kk));
+                                c[j][h][0] += s.x * tmp[0];
+                                c[j][h][1] += s.x * tmp[1];
+                                c[j][h][2] += s.y * tmp[2];
+                                c[j][h][3] += s.y * tmp[3];
+                        }
+                }
+        };
+
+        if (live)
+#pragma unroll
+                for (int i = 0; i < MG_D; i++)
+                        if ((uint32_t) i < a.chunks)
+                                load(i, i);
+#pragma unroll
+        for (int i = 0; i < MG_XST - 1; i++) {
+                if ((uint32_t) i < a.chunks)
+                        load_x(i);
+                else
+                        cp_async_commit();
+        }
+        /* Chunk ch's copy is the oldest group but MG_XST - 2 at its turn; the barrier also
+         * tells that every warp is done with chunk ch - 1, whose stage the copy of chunk
+         * ch + MG_XST - 1 then takes. */
+        for (uint32_t base = 0; base < a.chunks; base += MG_D) {
+#pragma unroll
+                for (int i = 0; i < MG_D; i++) {
+                        uint32_t ch = base + i;
+                        if (ch >= a.chunks)
+                                break;
+                        cp_async_wait<MG_XST - 2>();
+                        __syncthreads();
+                        if (ch + MG_XST - 1 < a.chunks)
+                                load_x(ch + MG_XST - 1);
+                        else
+                                cp_async_commit();
+                        if (live) {
+                                compute(i, xs[ch % MG_XST]);
+                                if (ch + MG_D < a.chunks)
+                                        load(i, ch + MG_D);
+                        }
+                }
+        }
+        if (!live)
+                return;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < MG_H; h++) {
+                        if ((uint32_t) h >= nh)
+                                break;
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                                uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
+                                uint32_t i = 8 * h + 2 * t + r % 2;
+                                if (col < a.N && i < pr)
+                                        a.y[(size_t) a.list[p0 + i] * a.N + col] = c[j][h][r];
+                        }
+                }
+}
+
+void cu_gemm_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, uint32_t n_pairs,
+        size_t qw_units, size_t sz_units, const uint32_t *ids, const uint32_t *off,
+        const uint32_t *list, uint32_t x_div, const __half *x, uint32_t ldx, float *y)
+{
+        CuLinear one = *l;
+        one.splits = 1;
+        if (l->group_size % AWQ_KC != 0 || l->in % AWQ_KC != 0 || ldx % 8 != 0) {
+                gemv_awq(st, &one, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false,
+                        x, ldx, y, 0);
+                return;
+        }
+        uint32_t tiles = awq_tiles(l->out);
+        MoeGemmArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, n_slots, x_div, ldx,
+                x, y, l->out, tiles, l->in / AWQ_KC, l->group_size / AWQ_KC};
+        /* an expert of c rows takes ceil(c / MG_ROWS) <= c / MG_ROWS + 1 blocks */
+        dim3 grid(div_up(tiles / AWQ_NT, MG_WARPS), div_up(n_pairs, MG_ROWS) + n_slots);
+        k_moe_gemm<<<grid, MG_WARPS * 32, 0, st>>>(a);
+}
+
 void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,
         size_t *sz_bytes)
 {

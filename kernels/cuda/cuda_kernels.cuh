@@ -149,6 +149,15 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride);
 
+/* The same product as cu_gemv_experts for steps whose experts get many rows (n_pairs
+ * pairs in all): each expert's weights are read once per MG_ROWS (32) of its rows instead
+ * of once per 8, on tensor cores with the rows as the mma's N. One slice: y (row stride
+ * l->out) whatever l->splits says. The grid depends on n_slots and n_pairs only, and row
+ * p's result does not depend on which other rows share its expert. */
+void cu_gemm_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, uint32_t n_pairs,
+        size_t qw_units, size_t sz_units, const uint32_t *ids, const uint32_t *off,
+        const uint32_t *list, uint32_t x_div, const __half *x, uint32_t ldx, float *y);
+
 /* Bytes of the repacked weight units and of the (scale, zero) pairs of one AWQ matrix. */
 void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_bytes,
         size_t *sz_bytes);

@@ -1,87 +1,110 @@
 /* SPDX-License-Identifier: MIT */
-/* The MoE expert GEMV (cu_gemv_experts through cuda_test_experts) against cpu_linear on
- * each (token, expert) pair: random top-k routing over a few experts, some experts
- * without rows and one with more than 16 (passes of 16), group sizes 32, 64 and 128, the
- * DeepSeek-V2-Lite expert shapes (2048 -> 2816 fused gate|up with x_div = top_k, 1408 ->
- * 2048 down with x_div = 1) and odd ones (K not a multiple of the 64-k chunk, N not of
- * the 16-column tile). Then the contract that a pair's result does not depend on the
- * other rows of its expert: the rows listed in reverse and some pairs moved to other
- * experts leave every other pair's result bit for bit the same. Tolerance: relative error
- * 3e-3 per pair (the GPU rounds x to FP16). */
+/* The MoE expert products, the GEMV (cu_gemv_experts, passes of 8 rows) and the grouped
+ * GEMM (cu_gemm_experts, blocks of 32 rows), through cuda_test_experts against cpu_linear
+ * on each (token, expert) pair. The routing gives experts 70 rows (three blocks, the last
+ * odd), 40, 9 and 1 rows, some none, and the rest random counts; group sizes 32, 64 and
+ * 128, the DeepSeek-V2-Lite expert shapes (2048 -> 2816 fused gate|up with x_div = top_k,
+ * 1408 -> 2048 down with x_div = 1) and odd ones (K not a multiple of the 64-k chunk, N
+ * not of the 16-column tile; the GEMM falls back to the GEMV where it needs multiples).
+ * Then the contract that a pair's result does not depend on the other rows of its
+ * expert: the rows listed in reverse and some pairs moved to other experts leave every
+ * other pair's result bit for bit the same. Tolerance: relative error 3e-3 per pair (the
+ * GPU rounds x to FP16). */
 #include "cpu_linear.h"
 #include "gpu_util.h"
 
 #define TOL     3e-3
 #define EXPERTS 12
-#define TOKENS  20
+#define TOKENS  70
 #define TOP_K   4
-#define BUSY    3 /* every token picks it: TOKENS > 16 rows */
+#define BUSY    3 /* every token picks it: TOKENS rows */
 #define IDLE_LO 9 /* experts IDLE_LO.. get no rows */
 
-/* expert_of[t * top_k + j]: distinct experts per token below IDLE_LO, BUSY among them. */
+/* expert_of[t * top_k + j]: distinct experts per token: BUSY, then expert 4 for tokens
+ * 0..39, 5 for 40..48 and 6 for 49 (40, 9 and 1 rows), then experts of the pool in random
+ * order (top_k <= 2 + ELEMENTSOF(pool)). */
 static void route(uint32_t *expert_of, uint32_t top_k)
 {
-        for (uint32_t t = 0; t < TOKENS; t++)
-                for (uint32_t j = 0; j < top_k; j++) {
-                        uint32_t e = BUSY, dup = 1;
-                        while (j > 0 && dup) {
-                                e = rnd_u32() % IDLE_LO;
-                                dup = 0;
-                                for (uint32_t i = 0; i < j; i++)
-                                        dup |= expert_of[t * top_k + i] == e;
-                        }
-                        expert_of[t * top_k + j] = e;
+        static const uint32_t pool[] = {0, 1, 2, 7, 8};
+        for (uint32_t t = 0; t < TOKENS; t++) {
+                uint32_t *ex = expert_of + t * top_k, j = 1;
+                ex[0] = BUSY;
+                if (t < 50)
+                        ex[j++] = t < 40 ? 4 : t < 49 ? 5 : 6;
+                while (j < top_k) {
+                        uint32_t e = pool[rnd_u32() % ELEMENTSOF(pool)], dup = 0;
+                        for (uint32_t i = 0; i < j; i++)
+                                dup |= ex[i] == e;
+                        if (!dup)
+                                ex[j++] = e;
                 }
+        }
 }
 
-static double check(uint32_t in, uint32_t out, uint32_t gs, uint32_t x_div)
+/* Both kernels' results against want, then the moved and reversed rows against the first
+ * run bit for bit. Returns the worst relative error. */
+static double check_kernel(const BkLinear *ex, const uint32_t *expert_of, uint32_t n_pairs,
+        uint32_t x_div, bool grouped, const float *x, const float *want, uint32_t in, uint32_t out,
+        uint32_t gs)
 {
         DsError err = {0};
-        uint32_t n_pairs = x_div > 1 ? TOKENS * x_div : TOKENS * TOP_K;
-        uint32_t x_rows = (n_pairs + x_div - 1) / x_div;
-        BkLinear ex[EXPERTS];
-        for (uint32_t e = 0; e < EXPERTS; e++)
-                ex[e] = rnd_linear(true, in, out, gs, false, BK_DT_F16);
-        uint32_t *expert_of = (uint32_t *) rnd_alloc(n_pairs * 4);
-        route(expert_of, x_div > 1 ? x_div : TOP_K);
-        float *x = rnd_f32((size_t) x_rows * in, -2.0f, 2.0f);
-        float *want = (float *) rnd_alloc((size_t) n_pairs * out * 4);
+        const char *kind = grouped ? "GEMM" : "GEMV";
         float *got = (float *) rnd_alloc((size_t) n_pairs * out * 4);
         float *again = (float *) rnd_alloc((size_t) n_pairs * out * 4);
-        float *scratch = (float *) rnd_alloc(cpu_linear_scratch_size(&ex[0]) * 4);
-
-        for (uint32_t p = 0; p < n_pairs; p++)
-                cpu_linear(&ex[expert_of[p]], x + (size_t) (p / x_div) * in, 1,
-                        want + (size_t) p * out, scratch, NULL);
-        CHECK(cuda_test_experts(ex, EXPERTS, expert_of, n_pairs, x_div, false, x, got, &err) == 0,
-                "%s", err.msg);
+        uint32_t *moved = (uint32_t *) rnd_alloc(n_pairs * 4);
         double worst = 0;
+
+        CHECK(cuda_test_experts(
+                      ex, EXPERTS, expert_of, n_pairs, x_div, false, grouped, x, got, &err) == 0,
+                "%s", err.msg);
         for (uint32_t p = 0; p < n_pairs; p++) {
                 double e = rel_err(got + (size_t) p * out, want + (size_t) p * out, out);
-                CHECK(e < TOL, "experts %u->%u g%u pair %u (expert %u): relative error %.3g", in,
+                CHECK(e < TOL, "%s %u->%u g%u pair %u (expert %u): relative error %.3g", kind, in,
                         out, gs, p, expert_of[p], e);
                 worst = fmax(worst, e);
         }
 
         /* every third pair to another expert (IDLE_LO wakes up), rows listed in reverse */
-        uint32_t *moved = (uint32_t *) rnd_alloc(n_pairs * 4);
         for (uint32_t p = 0; p < n_pairs; p++)
                 moved[p] = p % 3 == 1 ? (expert_of[p] + 1 + p % 5) % (IDLE_LO + 1) : expert_of[p];
-        CHECK(cuda_test_experts(ex, EXPERTS, moved, n_pairs, x_div, true, x, again, &err) == 0,
+        CHECK(cuda_test_experts(
+                      ex, EXPERTS, moved, n_pairs, x_div, true, grouped, x, again, &err) == 0,
                 "%s", err.msg);
         for (uint32_t p = 0; p < n_pairs; p++)
                 if (moved[p] == expert_of[p])
                         CHECK(memcmp(got + (size_t) p * out, again + (size_t) p * out,
                                       (size_t) out * 4) == 0,
-                                "experts %u->%u g%u pair %u: result changed with the other rows "
+                                "%s %u->%u g%u pair %u: result changed with the other rows "
                                 "of expert %u",
-                                in, out, gs, p, expert_of[p]);
+                                kind, in, out, gs, p, expert_of[p]);
         free(moved);
+        free(got);
+        free(again);
+        return worst;
+}
+
+static double check(uint32_t in, uint32_t out, uint32_t gs, uint32_t x_div)
+{
+        uint32_t top_k = x_div > 1 ? x_div : TOP_K, n_pairs = TOKENS * top_k;
+        uint32_t x_rows = (n_pairs + x_div - 1) / x_div;
+        BkLinear ex[EXPERTS];
+        for (uint32_t e = 0; e < EXPERTS; e++)
+                ex[e] = rnd_linear(true, in, out, gs, false, BK_DT_F16);
+        uint32_t *expert_of = (uint32_t *) rnd_alloc(n_pairs * 4);
+        route(expert_of, top_k);
+        float *x = rnd_f32((size_t) x_rows * in, -2.0f, 2.0f);
+        float *want = (float *) rnd_alloc((size_t) n_pairs * out * 4);
+        float *scratch = (float *) rnd_alloc(cpu_linear_scratch_size(&ex[0]) * 4);
+
+        for (uint32_t p = 0; p < n_pairs; p++)
+                cpu_linear(&ex[expert_of[p]], x + (size_t) (p / x_div) * in, 1,
+                        want + (size_t) p * out, scratch, NULL);
+        double worst = check_kernel(ex, expert_of, n_pairs, x_div, false, x, want, in, out, gs);
+        worst = fmax(
+                worst, check_kernel(ex, expert_of, n_pairs, x_div, true, x, want, in, out, gs));
         free(expert_of);
         free(x);
         free(want);
-        free(got);
-        free(again);
         free(scratch);
         return worst;
 }
