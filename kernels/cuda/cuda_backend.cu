@@ -1087,9 +1087,8 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 
         /* router logits in float32, each row's experts and weights, pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
-        cu_moe_route(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt, rows,
-                b->ridx, b->rw);
-        cu_moe_group(b->st, b->ridx, pairs, E, slots, b->eids, b->eoff, b->elist);
+        cu_moe_route_group(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt,
+                rows, b->ridx, b->rw, slots, b->eids, b->eoff, b->elist);
 
         /* every pair's gate|up, swiglu, down */
         if (grouped)

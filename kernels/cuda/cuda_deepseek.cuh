@@ -112,6 +112,12 @@ void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t 
 void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
         uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list);
 
+/* cu_moe_route then cu_moe_group over its pairs (rows * (top_k + n_shared) of n_routed +
+ * n_shared experts), in one launch up to 8 rows. */
+void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
+        size_t slice_stride, const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx,
+        float *w, uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list);
+
 /* y (rows, hidden) = sum over k of w[r][k] * (sum of the routed partials' slices of pair
  * r * top_k + k), then plus the shared experts' partials (NULL when none), in that order. */
 void cu_moe_combine(cudaStream_t st, const float *routed, uint32_t r_splits, size_t r_stride,

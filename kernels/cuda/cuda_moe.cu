@@ -5,13 +5,19 @@
 
 #include "cuda_deepseek.cuh"
 
-/* Routed experts a routing warp holds (8 per lane). */
-#define ROUTE_MAX 256
-#define ROUTE_WARPS 4
+/* Routed experts a routing warp holds (8 per lane); warps per routing block, and so the
+ * rows up to which one block routes and groups (k_moe_route_group). */
+#define ROUTE_MAX   256
+#define ROUTE_WARPS 8
 
 static inline uint32_t div_up(uint32_t a, uint32_t b)
 {
         return (a + b - 1) / b;
+}
+
+__device__ __forceinline__ uint32_t lanes_below(uint32_t lane)
+{
+        return (1u << lane) - 1u;
 }
 
 /* The index of the largest v[i] over lanes' candidates (i, v), the lowest i on a tie, as
@@ -43,19 +49,15 @@ __device__ uint32_t take_best(const float *v, const bool *taken, uint32_t n, uin
         return warp_argmax(bi == UINT32_MAX ? -FLT_MAX : bv, bi);
 }
 
-/* One warp per row, following cpu_moe_route step by step. */
-__global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__restrict__ logits,
-        uint32_t splits, size_t stride, const float *__restrict__ bias, CuRoute rt, uint32_t rows,
-        uint32_t *idx, float *w)
+/* The calling warp routes row r, following cpu_moe_route step by step. */
+__device__ void route_row(const float *__restrict__ logits, uint32_t splits, size_t stride,
+        const float *__restrict__ bias, const CuRoute &rt, uint32_t r, uint32_t *idx, float *w)
 {
         __shared__ float sc_all[ROUTE_WARPS][ROUTE_MAX], ch_all[ROUTE_WARPS][ROUTE_MAX];
-        __shared__ bool tk_all[ROUTE_WARPS][ROUTE_MAX];
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-        uint32_t r = blockIdx.x * ROUTE_WARPS + warp, E = rt.n_routed;
-        if (r >= rows)
-                return;
-        float *scores = sc_all[warp], *choice = ch_all[warp];
-        bool *taken = tk_all[warp];
+        __shared__ float sel_all[ROUTE_WARPS][ROUTE_MAX];
+        const uint32_t full = 0xffffffffu;
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = rt.n_routed;
+        float *scores = sc_all[warp], *choice = ch_all[warp], *sel = sel_all[warp];
         const float *lg = logits + (size_t) r * E;
 
         /* scores */
@@ -68,7 +70,7 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__r
                 m = fmaxf(m, v);
         }
         for (int o = 16; o > 0; o >>= 1)
-                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+                m = fmaxf(m, __shfl_xor_sync(full, m, o));
         float sum = 0.0f;
         for (uint32_t e = lane; e < E; e += 32) {
                 if (rt.scoring == BK_SCORING_SOFTMAX) {
@@ -78,12 +80,11 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__r
                         scores[e] = 1.0f / (1.0f + expf(-scores[e]));
         }
         for (int o = 16; o > 0; o >>= 1)
-                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                sum += __shfl_xor_sync(full, sum, o);
         for (uint32_t e = lane; e < E; e += 32) {
                 if (rt.scoring == BK_SCORING_SOFTMAX)
                         scores[e] /= sum;
                 choice[e] = scores[e] + (rt.topk_method == BK_TOPK_NOAUX_TC && bias ? bias[e] : 0.0f);
-                taken[e] = false;
         }
         __syncwarp();
 
@@ -121,40 +122,73 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__r
                 __syncwarp();
         }
 
-        /* top-k */
-        for (uint32_t i = 0; i < rt.top_k; i++) {
-                uint32_t e = take_best(choice, taken, E, lane);
-                if (lane == 0)
-                        taken[e] = true;
-                __syncwarp();
+        /* top-k: expert e is taken when fewer than top_k experts rank above it (a larger
+         * choice value, or an equal one at a lower id): what top_k rounds of take_max take.
+         * Lane l ranks experts l + 32 i, all lanes at once. */
+        float cv[ROUTE_MAX / 32];
+        uint32_t rk[ROUTE_MAX / 32];
+#pragma unroll
+        for (int i = 0; i < ROUTE_MAX / 32; i++) {
+                uint32_t e = lane + 32 * i;
+                cv[i] = e < E ? choice[e] : 0.0f;
+                rk[i] = 0;
         }
-        if (lane != 0)
-                return;
-
-        /* in ascending expert order, then the weights as the CPU computes them */
-        uint32_t *ri = idx + (size_t) r * (rt.top_k + rt.n_shared);
-        float *rw = w + (size_t) r * (rt.top_k + rt.n_shared);
-        uint32_t k = 0;
-        for (uint32_t e = 0; e < E && k < rt.top_k; e++)
-                if (taken[e]) {
-                        ri[k] = e;
-                        rw[k++] = scores[e];
+        for (uint32_t j = 0; j < E; j++) {
+                float v = choice[j];
+#pragma unroll
+                for (int i = 0; i < ROUTE_MAX / 32; i++) {
+                        if (32 * (uint32_t) i >= E)
+                                break;
+                        rk[i] += v > cv[i] || (v == cv[i] && j < lane + 32 * i);
                 }
-        bool norm = rt.norm_topk_prob && (rt.topk_method == BK_TOPK_NOAUX_TC || rt.top_k > 1);
-        if (norm) {
-                float s = 0.0f;
-                for (uint32_t i = 0; i < rt.top_k; i++)
-                        s += rw[i];
-                for (uint32_t i = 0; i < rt.top_k; i++)
-                        rw[i] /= s + 1e-20f;
         }
-        if (!norm || rt.topk_method == BK_TOPK_NOAUX_TC)
+
+        /* the taken experts in ascending id, then the weights as the CPU computes them */
+        uint32_t K = rt.top_k + rt.n_shared, k = 0;
+        uint32_t *ri = idx + (size_t) r * K;
+        float *rw = w + (size_t) r * K;
+#pragma unroll
+        for (int i = 0; i < ROUTE_MAX / 32; i++) {
+                if (32 * (uint32_t) i >= E)
+                        break;
+                uint32_t e = lane + 32 * i;
+                bool tk = e < E && rk[i] < rt.top_k;
+                uint32_t mask = __ballot_sync(full, tk);
+                if (tk) {
+                        uint32_t at = k + __popc(mask & lanes_below(lane));
+                        ri[at] = e;
+                        sel[at] = scores[e];
+                }
+                k += __popc(mask);
+        }
+        __syncwarp();
+        bool norm = rt.norm_topk_prob && (rt.topk_method == BK_TOPK_NOAUX_TC || rt.top_k > 1);
+        float s = 0.0f;
+        if (norm)
                 for (uint32_t i = 0; i < rt.top_k; i++)
-                        rw[i] *= rt.routed_scaling_factor;
-        for (uint32_t j = 0; j < rt.n_shared; j++) {
+                        s += sel[i];
+        for (uint32_t i = lane; i < rt.top_k; i += 32) {
+                float v = sel[i];
+                if (norm)
+                        v /= s + 1e-20f;
+                if (!norm || rt.topk_method == BK_TOPK_NOAUX_TC)
+                        v *= rt.routed_scaling_factor;
+                rw[i] = v;
+        }
+        for (uint32_t j = lane; j < rt.n_shared; j += 32) {
                 ri[rt.top_k + j] = E + j;
                 rw[rt.top_k + j] = 1.0f;
         }
+}
+
+/* One warp per row. */
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__restrict__ logits,
+        uint32_t splits, size_t stride, const float *__restrict__ bias, CuRoute rt, uint32_t rows,
+        uint32_t *idx, float *w)
+{
+        uint32_t r = blockIdx.x * ROUTE_WARPS + threadIdx.x / 32;
+        if (r < rows)
+                route_row(logits, splits, stride, bias, rt, r, idx, w);
 }
 
 void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t slice_stride,
@@ -164,12 +198,14 @@ void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t 
                 slice_stride, bias, rt, rows, idx, w);
 }
 
-/* One block: counts per expert, the touched experts into the first slots in ascending id
- * with their ranges of the list, then each pair into its expert's range. */
-__global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
+/* The block groups the pairs (see cu_moe_group): counts per expert, then warp 0 puts the
+ * touched experts into the first slots in ascending id with their ranges of the list (a
+ * scan over the counts), then each pair goes into its expert's range. */
+__device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
         uint32_t *ids, uint32_t *off, uint32_t *list)
 {
         __shared__ uint32_t cnt[ROUTE_MAX + 16], cur[ROUTE_MAX + 16];
+        const uint32_t full = 0xffffffffu;
 
         for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
                 cnt[e] = 0;
@@ -179,22 +215,33 @@ __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
         for (uint32_t p = threadIdx.x; p < n_pairs; p += blockDim.x)
                 atomicAdd(&cnt[idx[p]], 1u);
         __syncthreads();
-        if (threadIdx.x == 0) {
-                uint32_t s = 0, j = 0;
-                for (uint32_t e = 0; e < E; e++) {
-                        uint32_t c = cnt[e];
-                        cnt[e] = s;
-                        if (c == 0)
-                                continue;
-                        ids[j] = e;
-                        off[j++] = s;
-                        s += c;
+        if (threadIdx.x < 32) {
+                uint32_t lane = threadIdx.x, s = 0, j = 0;
+                for (uint32_t e0 = 0; e0 < E; e0 += 32) {
+                        uint32_t e = e0 + lane, c = e < E ? cnt[e] : 0, inc = c;
+#pragma unroll
+                        for (int o = 1; o < 32; o <<= 1) {
+                                uint32_t v = __shfl_up_sync(full, inc, o);
+                                if (lane >= (uint32_t) o)
+                                        inc += v;
+                        }
+                        uint32_t mask = __ballot_sync(full, c > 0);
+                        if (e < E)
+                                cnt[e] = s + inc - c;
+                        if (c > 0) {
+                                uint32_t at = j + __popc(mask & lanes_below(lane));
+                                ids[at] = e;
+                                off[at] = s + inc - c;
+                        }
+                        s += __shfl_sync(full, inc, 31);
+                        j += __popc(mask);
                 }
-                for (; j < n_slots; j++) {
-                        ids[j] = 0;
-                        off[j] = s;
+                for (uint32_t i = j + lane; i < n_slots; i += 32) {
+                        ids[i] = 0;
+                        off[i] = s;
                 }
-                off[n_slots] = s;
+                if (lane == 0)
+                        off[n_slots] = s;
         }
         __syncthreads();
         for (uint32_t p = threadIdx.x; p < n_pairs; p += blockDim.x) {
@@ -203,10 +250,45 @@ __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
         }
 }
 
+__global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
+        uint32_t *ids, uint32_t *off, uint32_t *list)
+{
+        group_pairs(idx, n_pairs, E, n_slots, ids, off, list);
+}
+
+/* One block of a warp per row routes, then groups what it routed (idx is read back after
+ * the barrier, which makes the block's writes visible to it). */
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route_group(
+        const float *__restrict__ logits, uint32_t splits, size_t stride,
+        const float *__restrict__ bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w,
+        uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
+{
+        uint32_t r = threadIdx.x / 32;
+        if (r < rows)
+                route_row(logits, splits, stride, bias, rt, r, idx, w);
+        __syncthreads();
+        group_pairs(idx, rows * (rt.top_k + rt.n_shared), rt.n_routed + rt.n_shared, n_slots, ids,
+                off, list);
+}
+
 void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
         uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
         k_moe_group<<<1, 1024, 0, st>>>(idx, n_pairs, n_experts, n_slots, ids, off, list);
+}
+
+void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
+        size_t slice_stride, const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx,
+        float *w, uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
+{
+        if (rows > ROUTE_WARPS) {
+                cu_moe_route(st, logits, splits, slice_stride, bias, rt, rows, idx, w);
+                cu_moe_group(st, idx, rows * (rt.top_k + rt.n_shared), rt.n_routed + rt.n_shared,
+                        n_slots, ids, off, list);
+                return;
+        }
+        k_moe_route_group<<<1, rows * 32, 0, st>>>(logits, splits, slice_stride, bias, rt, rows,
+                idx, w, n_slots, ids, off, list);
 }
 
 __global__ void k_moe_combine(const float *__restrict__ routed, uint32_t r_splits,
