@@ -348,9 +348,11 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
  * 8, walked while a chunk's A registers stay live. The warps split the tiles, not K: a
  * warp owns its columns over all of K (no reduction between warps), and the x chunk of
  * the block's rows, the same for all of them, comes through shared memory (cp.async,
- * MG_XST stages, MG_XST - 1 chunks ahead). Blocks go slot after slot, MG_ROWS rows at a
- * time; every warp finds its CTA's block from off alone, so the grid is sized for the
- * worst case and spare CTAs leave at once. A row's result depends only on its own x row
+ * MG_XST stages, MG_XST - 1 chunks ahead: with x only 2 ahead, its L2 latency bound the
+ * loop and the kernel read at 1.7 TB/s). Blocks go slot after slot from the last,
+ * MG_ROWS rows at a time, so the shared experts' slices (every row's, the slowest blocks)
+ * start first instead of forming the grid's tail; every warp finds its CTA's block from
+ * off alone, so the grid is sized for the worst case and spare CTAs leave at once. A row's result depends only on its own x row
  * (the mma's columns are independent, and every row tile does the same arithmetic), not
  * on the other rows of its expert or their number. Needs group size and K multiples of
  * the chunk and a row stride of x a multiple of 8 (cu_gemm_experts falls back else). */
@@ -359,7 +361,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
 #define MG_H     4 /* row tiles of 8 */
 #define MG_ROWS  (8 * MG_H)
 #define MG_D     4 /* chunks of weights in flight per warp */
-#define MG_XST   3
+#define MG_XST   6 /* x stages: x is MG_XST - 1 chunks ahead, further than the weights */
 #define MG_XS    80 /* halves per row of an x stage: 64 and 16 of padding, so that the B
                      * loads of a half warp hit 32 distinct banks */
 
@@ -400,8 +402,8 @@ __global__ void __launch_bounds__(MG_WARPS * 32, 4) k_moe_gemm(const MoeGemmArgs
         /* the CTA's block: slot, first row p0 of the list, pr rows */
         uint32_t z = blockIdx.y, before = 0, slot = UINT32_MAX, p0 = 0, pr = 0;
         for (uint32_t s0 = 0; s0 < a.n_slots && slot == UINT32_MAX; s0 += 32) {
-                uint32_t s = s0 + lane, r0 = 0, r1 = 0;
-                if (s < a.n_slots) {
+                uint32_t q = s0 + lane, s = a.n_slots - 1 - q, r0 = 0, r1 = 0;
+                if (q < a.n_slots) {
                         r0 = a.off[s];
                         r1 = a.off[s + 1];
                 }
