@@ -1068,14 +1068,16 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
-        /* Experts that get 2 rows on average and more go through the grouped GEMM, which
-         * reads an expert's weights once per 32 of its rows, not once per 8 (the choice
-         * depends on the bucket only). There, and up to 8 rows (one pass of the expert
+        /* From 8 rows per routed expert on average (a pass of the expert GEMV) the experts
+         * go through the grouped GEMM, which reads an expert's weights once per 32 of its
+         * rows, not once per 8: on V2-Lite it made prefill 512 27% faster, and batch 32
+         * and 64 (3 and 6 rows per expert) 3.4% and 1.4% slower (docs/PERF.md). The choice
+         * depends on the bucket only. There, and up to 8 rows (one pass of the expert
          * GEMV), the shared experts' slices ride along with the routed experts as more
          * pairs at weight 1, three launches fewer; else they run as one MLP through
          * linear(). */
         CuRoute rt = b->route;
-        bool grouped = rows * mc->top_k >= 2 * mc->n_routed;
+        bool grouped = rows * mc->top_k >= 8 * mc->n_routed;
         rt.n_shared = rows <= 8 || grouped ? mc->n_shared : 0;
         uint32_t K = mc->top_k + rt.n_shared, E = mc->n_routed + rt.n_shared;
         uint32_t H = c->hidden, pairs = rows * K, slots = MIN(E, pairs);

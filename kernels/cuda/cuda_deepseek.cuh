@@ -13,8 +13,9 @@
  * Queries are FP16 (rows, H, W): the latent query then the roped q_pe.
  *
  * MoE routes on the device (one warp a row, as cpu_moe_route decides), groups the
- * (row, k) pairs by expert (cu_moe_group), runs the experts through cu_gemv_experts and
- * sums the pairs' outputs with their weights plus the shared experts' in a fixed order. */
+ * (row, k) pairs by expert (cu_moe_group; up to 8 rows in the routing's launch), runs the
+ * experts through cu_gemv_experts, or cu_gemm_experts when they get many rows, and sums
+ * the pairs' outputs with their weights plus the shared experts' in a fixed order. */
 #pragma once
 
 extern "C" {

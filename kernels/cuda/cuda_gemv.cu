@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The GEMVs (INT4 AWQ up to 16 rows, also per MoE expert; dense FP16 up to GEMV_ROWS), the
- * AWQ repack that lays the weights out for them, and the dequantization the cuBLAS path
- * multiplies (see cuda_kernels.cuh). */
+ * grouped INT4 GEMM of MoE experts with many rows, the AWQ repack that lays the weights
+ * out for them, and the dequantization the cuBLAS path multiplies (see cuda_kernels.cuh). */
 extern "C" {
 #include "cuda_backend.h"
 }
@@ -72,8 +72,7 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
  * the slice's chunks, each with AWQ_D chunks of loads in flight, and their sums meet in
  * shared memory in warp order. blockIdx.z is the MoE slot (expert ids[z]). Rows go in
  * passes of 8 (one mma per word), or one pass of 9..16 (two); MoE experts with more than 8
- * rows re-read their weights per pass (mostly from L2; at decode an expert rarely gets
- * that many). A
+ * rows re-read their weights per pass (steps where that is common take k_moe_gemm). A
  * row's result depends only on its own x row (the mma's columns are independent, and the
  * arithmetic is the same in both kinds of pass), never on the other rows or their number. */
 
@@ -348,14 +347,15 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
  * 8, walked while a chunk's A registers stay live. The warps split the tiles, not K: a
  * warp owns its columns over all of K (no reduction between warps), and the x chunk of
  * the block's rows, the same for all of them, comes through shared memory (cp.async,
- * MG_XST stages, MG_XST - 1 chunks ahead: with x only 2 ahead, its L2 latency bound the
- * loop and the kernel read at 1.7 TB/s). Blocks go slot after slot from the last,
- * MG_ROWS rows at a time, so the shared experts' slices (every row's, the slowest blocks)
- * start first instead of forming the grid's tail; every warp finds its CTA's block from
- * off alone, so the grid is sized for the worst case and spare CTAs leave at once. A row's result depends only on its own x row
- * (the mma's columns are independent, and every row tile does the same arithmetic), not
- * on the other rows of its expert or their number. Needs group size and K multiples of
- * the chunk and a row stride of x a multiple of 8 (cu_gemm_experts falls back else). */
+ * MG_XST stages, MG_XST - 1 chunks ahead, further than the weights: 2 ahead cost 9% at
+ * V2-Lite batch 64). Blocks go slot after slot from the last, MG_ROWS rows at a time, so
+ * the shared experts' slices (every row's, the slowest blocks) start first instead of
+ * forming the grid's tail; every warp finds its CTA's block from off alone, so the grid
+ * is sized for the worst case and spare CTAs leave at once. A row's result depends only
+ * on its own x row (the mma's columns are independent, and every row tile does the same
+ * arithmetic), not on the other rows of its expert or their number. Needs group size and
+ * K multiples of the chunk and a row stride of x a multiple of 8 (cu_gemm_experts falls
+ * back else). */
 
 #define MG_WARPS 4
 #define MG_H     4 /* row tiles of 8 */
