@@ -1058,7 +1058,7 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         /* causal attention over the latent cache, then each head's latent through W_UV */
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
                 a->softmax_scale, b->acc, b->ml);
-        cu_mla_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
+        cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
 }
 

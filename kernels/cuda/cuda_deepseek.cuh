@@ -70,15 +70,10 @@ void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t s
 
 /* Attention partials over the latent cache, one block per (work item, group of MLA_HEADS
  * heads), items read from meta as cu_attention does: acc (item, H, rank), ml (item, H),
- * which cu_mla_combine merges. */
+ * which cu_attention_combine merges (head_dim = rank). */
 void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
         uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *acc, float2 *ml);
-
-/* o_lat (rows, H, rank) FP16 = each row's items' partials merged (every MLA row has
- * items). */
-void cu_mla_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
-        uint32_t rows, uint32_t H, uint32_t rank, __half *o_lat);
 
 /* out (rows, H, Vd) FP16 = o_lat (rows, H, rank) · wvt. */
 void cu_mla_values(cudaStream_t st, const __half *o_lat, const __half *wvt, uint32_t rows,

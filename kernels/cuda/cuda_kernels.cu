@@ -686,25 +686,30 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
                 block_tokens, n_heads, n_kv_heads, head_dim, kl, vl, scale, acc, ml);
 }
 
-/* One block per (row, head, COMBINE_THREADS dimensions): the items' maxima give m, then in
- * chunks of the block's size each item's weight exp(m_i - m) goes to shared memory and
- * every thread adds its dimension's partials (and l) in item order, eight loads in
- * flight. */
+/* One block per (row, head, COMBINE_THREADS dimensions), for the GQA heads (128 wide) and
+ * the MLA latent (512): the items' maxima give m, then in chunks of the block's size each
+ * item's weight exp(m_i - m) goes to shared memory and every thread adds its dimension's
+ * partials (and l) in item order, COMBINE_LOADS loads in flight. The first items' (m, l)
+ * stay in registers from the maximum's pass. */
 #define COMBINE_THREADS 128
+#define COMBINE_LOADS   16
 
-__global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const float *acc,
-        const float2 *ml, const uint2 *row_items, uint32_t n_heads, uint32_t hd, __half *out)
+__global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
+        const float *__restrict__ acc, const float2 *__restrict__ ml, const uint2 *row_items,
+        uint32_t n_heads, uint32_t hd, __half *out)
 {
         __shared__ float w_s[COMBINE_THREADS], l_s[COMBINE_THREADS];
         __shared__ float red[32];
         uint32_t r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
+        uint32_t d = blockIdx.z * COMBINE_THREADS + t;
         uint2 ri = row_items[r];
-        float m = -FLT_MAX;
 
         if (ri.y == 0)
                 return; /* a prefill row: the flash kernel writes it */
 
-        for (uint32_t i = t; i < ri.y; i += COMBINE_THREADS)
+        float2 e0 = t < ri.y ? ml[(size_t) (ri.x + t) * n_heads + h] : make_float2(-FLT_MAX, 0.0f);
+        float m = e0.x;
+        for (uint32_t i = t + COMBINE_THREADS; i < ri.y; i += COMBINE_THREADS)
                 m = fmaxf(m, ml[(size_t) (ri.x + i) * n_heads + h].x);
         m = warp_max(m);
         if (t % 32 == 0)
@@ -714,12 +719,12 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
                 m = fmaxf(m, red[w]);
 
         float a = 0.0f, l = 0.0f;
-        uint32_t d = blockIdx.z * COMBINE_THREADS + t;
+        size_t stride = (size_t) n_heads * hd;
         for (uint32_t c0 = 0; c0 < ri.y; c0 += COMBINE_THREADS) {
                 uint32_t nc = min((uint32_t) COMBINE_THREADS, ri.y - c0);
                 __syncthreads(); /* the previous chunk's readers are done */
                 if (t < nc) {
-                        float2 e = ml[(size_t) (ri.x + c0 + t) * n_heads + h];
+                        float2 e = c0 == 0 ? e0 : ml[(size_t) (ri.x + c0 + t) * n_heads + h];
                         w_s[t] = expf(e.x - m);
                         l_s[t] = w_s[t] * e.y;
                 }
@@ -729,14 +734,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(const flo
                 if (d >= hd)
                         continue;
                 const float *ap = acc + ((size_t) (ri.x + c0) * n_heads + h) * hd + d;
-                size_t stride = (size_t) n_heads * hd;
-                for (uint32_t i = 0; i < nc; i += 8) {
-                        float v[8];
+                for (uint32_t i = 0; i < nc; i += COMBINE_LOADS) {
+                        float v[COMBINE_LOADS];
 #pragma unroll
-                        for (uint32_t j = 0; j < 8; j++)
+                        for (uint32_t j = 0; j < COMBINE_LOADS; j++)
                                 v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
 #pragma unroll
-                        for (uint32_t j = 0; j < 8; j++)
+                        for (uint32_t j = 0; j < COMBINE_LOADS; j++)
                                 if (i + j < nc)
                                         a += w_s[i + j] * v[j];
                 }

@@ -95,7 +95,8 @@ void cu_flash_attention(cudaStream_t st, const float *q, const __half *k_cache,
         uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
         __half *out);
 
-/* out (rows, n_heads*head_dim) = the softmax-weighted merge of each row's item partials. */
+/* out (rows, n_heads*head_dim) = the softmax-weighted merge of each row's item partials
+ * (GQA heads, or the MLA latent with head_dim = kv_lora_rank). */
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out);
 
