@@ -25,6 +25,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_kernels.cuh"
+#include "cuda_ptx.cuh"
 
 #define FL_BN      64 /* positions per K/V tile */
 #define FL_WARPS   (FLASH_ROWS / 16)
@@ -43,48 +44,6 @@ bool cu_flash_takes(uint32_t head_dim, uint32_t max_positions)
 template <uint32_t HD> __device__ __forceinline__ uint32_t sw(uint32_t r, uint32_t c)
 {
         return r * (HD / 8) + (c ^ (r & 7));
-}
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
-{
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
-        int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-        asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)
-{
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(p);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, const void *p)
-{
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(p);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s));
-}
-
-/* c (16x8 fp32) += a (16x16 FP16, row) · b (16x8 FP16, col) */
-__device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
-{
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* p / d and p % d for p < 2^23 from a float estimate of the quotient (inv = 1 / d), off by

@@ -6,6 +6,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_kernels.cuh"
+#include "cuda_ptx.cuh"
 
 /* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
  * repack reads the checkpoint through it. */
@@ -14,16 +15,6 @@ __constant__ uint32_t AWQ_REV[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 static inline uint32_t div_up(uint32_t a, uint32_t b)
 {
         return (a + b - 1) / b;
-}
-
-__device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
-{
-        return *reinterpret_cast<__half2 *>(&u);
-}
-
-__device__ __forceinline__ uint32_t h2_as_u32(__half2 h)
-{
-        return *reinterpret_cast<uint32_t *>(&h);
 }
 
 /* Weights are read once per step: keep them out of L1 so x and the scales stay there. */
@@ -375,23 +366,6 @@ struct MoeGemmArgs {
         float *y;
         uint32_t N, tiles, chunks, chunks_per_group;
 };
-
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid)
-{
-        uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
-        int n = valid ? 16 : 0; /* 0: zero-fill, nothing read */
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-        asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __global__ void __launch_bounds__(MG_WARPS * 32, 4) k_moe_gemm(const MoeGemmArgs a)
 {

@@ -11,6 +11,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_kernels.cuh"
+#include "cuda_ptx.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -24,11 +25,6 @@ __device__ __forceinline__ float warp_sum(float v)
         for (int o = 16; o > 0; o >>= 1)
                 v += __shfl_xor_sync(0xffffffffu, v, o);
         return v;
-}
-
-__device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
-{
-        return *reinterpret_cast<__half2 *>(&u);
 }
 
 __device__ __forceinline__ float warp_max(float v)

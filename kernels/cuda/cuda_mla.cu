@@ -4,6 +4,7 @@
 #include <float.h>
 
 #include "cuda_deepseek.cuh"
+#include "cuda_ptx.cuh"
 
 static inline uint32_t div_up(uint32_t a, uint32_t b)
 {
@@ -163,19 +164,10 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
 #define MLA_RB     64 /* rows of a block */
 #define MLA_KS_MAX 16 /* k-steps a warp holds: qk_nope_dim <= 256, kv_lora_rank / 4 <= 128 */
 
-static __device__ __forceinline__ void mla_mma(float *c, const uint32_t *a, uint32_t b0,
-        uint32_t b1)
-{
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 static __device__ __forceinline__ void mla_mma4(float *c, uint4 a, uint32_t b0, uint32_t b1)
 {
         uint32_t r[4] = {a.x, a.y, a.z, a.w};
-        mla_mma(c, r, b0, b1);
+        mma16816(c, r, b0, b1);
 }
 
 static __device__ __forceinline__ uint32_t lds32(const __half *p)
@@ -467,14 +459,6 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
 #define MLA_THREADS 128
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
-/* A 16-byte cp.async into shared memory; zeros where !live (src is not read then). */
-static __device__ __forceinline__ void mla_cp16(void *dst, const void *src, bool live)
-{
-        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src),
-                "r"(live ? 16 : 0));
-}
-
 /* Starts loading rows of W halves into buf (row stride WS), row r < nrows from src(r)
  * when r < live else zeros, warp w on rows w, w + 4, .. and its lanes on the 16-byte
  * units of a row. The caller commits the group. */
@@ -486,7 +470,7 @@ static __device__ __forceinline__ void mla_rows(__half *buf, uint32_t nrows, uin
         for (uint32_t r = warp; r < nrows; r += MLA_THREADS / 32) {
                 const __half *p = src(r < live ? r : 0);
                 for (uint32_t u = lane; u < units; u += 32)
-                        mla_cp16(buf + r * WS + 8 * u, p + 8 * u, r < live);
+                        cp_async16(buf + r * WS + 8 * u, p + 8 * u, r < live);
         }
 }
 
@@ -497,29 +481,13 @@ static __device__ __forceinline__ void mla_stage(__half *buf, const __half *cach
 {
         mla_rows(buf, MLA_CHUNK, cn, W, WS,
                 [=](uint32_t r) { return cache + (size_t) slot_s[c0 + r] * W; });
-        asm volatile("cp.async.commit_group;" ::);
+        cp_async_commit();
 }
 
 /* x[i] without indexing the register array at run time. */
 static __device__ __forceinline__ float pick4(const float (&x)[4], uint32_t i)
 {
         return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
-}
-
-static __device__ __forceinline__ void mla_ldsm4(uint32_t *r, const __half *p)
-{
-        uint32_t a = (uint32_t) __cvta_generic_to_shared(p);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(a));
-}
-
-static __device__ __forceinline__ void mla_ldsm2(uint32_t *r, const __half *p)
-{
-        uint32_t a = (uint32_t) __cvta_generic_to_shared(p);
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-                     : "=r"(r[0]), "=r"(r[1])
-                     : "r"(a));
 }
 
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__restrict__ q,
@@ -576,9 +544,9 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                                 mla_stage(kv_b + (1 - ci % 2) * MLA_CHUNK * WS, cache, slot_s,
                                         c0 + MLA_CHUNK,
                                         min((uint32_t) MLA_CHUNK, n - c0 - MLA_CHUNK), W, WS);
-                                asm volatile("cp.async.wait_group 1;" ::);
+                                cp_async_wait<1>();
                         } else {
-                                asm volatile("cp.async.wait_group 0;" ::);
+                                cp_async_wait<0>();
                         }
                         __syncthreads();
 
@@ -595,17 +563,17 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                                                    8 * (lane / 8 % 2);
                                 uint32_t a[4], b[2], k = 0;
                                 for (; k + 32 <= W; k += 32) {
-                                        mla_ldsm4(a, qa + k);
-                                        mla_ldsm2(b, kr + k);
-                                        mla_mma(c, a, b[0], b[1]);
-                                        mla_ldsm4(a, qa + k + 16);
-                                        mla_ldsm2(b, kr + k + 16);
-                                        mla_mma(d, a, b[0], b[1]);
+                                        ldsm_x4(a, qa + k);
+                                        ldsm_x2(b, kr + k);
+                                        mma16816(c, a, b[0], b[1]);
+                                        ldsm_x4(a, qa + k + 16);
+                                        ldsm_x2(b, kr + k + 16);
+                                        mma16816(d, a, b[0], b[1]);
                                 }
                                 if (k < W) {
-                                        mla_ldsm4(a, qa + k);
-                                        mla_ldsm2(b, kr + k);
-                                        mla_mma(c, a, b[0], b[1]);
+                                        ldsm_x4(a, qa + k);
+                                        ldsm_x2(b, kr + k);
+                                        mma16816(c, a, b[0], b[1]);
                                 }
 #pragma unroll
                                 for (uint32_t j = 0; j < 4; j++)
@@ -680,15 +648,10 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__r
                                         if (j >= nt)
                                                 break;
                                         uint32_t col = d0 + 8 * j + 8 * (lane / 16);
-                                        uint32_t addr = (uint32_t) __cvta_generic_to_shared(
-                                                kv_s + lr * WS + col);
-                                        uint32_t b0, b1, b2, b3;
-                                        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
-                                                     "{%0,%1,%2,%3}, [%4];"
-                                                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                                                     : "r"(addr));
-                                        mla_mma(o[j], a, b0, b1);
-                                        mla_mma(o[j + 1], a, b2, b3);
+                                        uint32_t b[4];
+                                        ldsm_x4_t(b, kv_s + lr * WS + col);
+                                        mma16816(o[j], a, b[0], b[1]);
+                                        mma16816(o[j + 1], a, b[2], b[3]);
                                 }
                         }
                         __syncthreads(); /* kv_s is refilled two chunks on, p_h next */
