@@ -252,20 +252,20 @@ static int bus_method_reload(sd_bus_message *m, void *userdata, sd_bus_error *er
         return 1;
 }
 
-/* Drain(), Resume() and Cancel(t) check the caller, act, and reply with nothing. */
-static int bus_method_drain(sd_bus_message *m, void *userdata, sd_bus_error *error)
+/* Drain(), Resume() and Cancel(t) check the caller, act, and reply with nothing; Drain and
+ * Resume also announce the state they leave. */
+static int bus_state_method(
+        sd_bus_message *m, Bus *b, int (*op)(void *userdata, DsError *err), sd_bus_error *error)
 {
-        Bus *b = userdata;
         DsError err = {};
         int r;
 
         assert(m);
-        assert(b);
 
         r = bus_check_caller(b, m, error);
         if (r < 0)
                 return r;
-        r = b->ops->drain(b->userdata, &err);
+        r = op(b->userdata, &err);
         if (r < 0)
                 return bus_reply_code(error, r, &err);
         r = bus_info_changed(b);
@@ -274,25 +274,20 @@ static int bus_method_drain(sd_bus_message *m, void *userdata, sd_bus_error *err
         return sd_bus_reply_method_return(m, NULL);
 }
 
+static int bus_method_drain(sd_bus_message *m, void *userdata, sd_bus_error *error)
+{
+        Bus *b = userdata;
+
+        assert(b);
+        return bus_state_method(m, b, b->ops->drain, error);
+}
+
 static int bus_method_resume(sd_bus_message *m, void *userdata, sd_bus_error *error)
 {
         Bus *b = userdata;
-        DsError err = {};
-        int r;
 
-        assert(m);
         assert(b);
-
-        r = bus_check_caller(b, m, error);
-        if (r < 0)
-                return r;
-        r = b->ops->resume(b->userdata, &err);
-        if (r < 0)
-                return bus_reply_code(error, r, &err);
-        r = bus_info_changed(b);
-        if (r < 0)
-                return r;
-        return sd_bus_reply_method_return(m, NULL);
+        return bus_state_method(m, b, b->ops->resume, error);
 }
 
 static int bus_method_cancel(sd_bus_message *m, void *userdata, sd_bus_error *error)
