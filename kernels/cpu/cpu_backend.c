@@ -264,6 +264,18 @@ static float *kv_at(const KvCache *kv, float *cache, uint32_t kv_dim, uint32_t l
         return cache + slot * kv_dim;
 }
 
+/* x[0..n) = softmax of x, whose maximum is max, in place (llama2.c's order). */
+static void softmax(float *x, uint32_t n, float max)
+{
+        float sum = 0.0f;
+        for (uint32_t t = 0; t < n; t++) {
+                x[t] = expf(x[t] - max);
+                sum += x[t];
+        }
+        for (uint32_t t = 0; t < n; t++)
+                x[t] /= sum;
+}
+
 /* Causal attention of one row over positions 0..row->pos of its sequence. */
 static void attention_row(
         Backend *b, const BkSeq *seq, const Row *row, uint32_t layer, const float *q, float *out)
@@ -290,14 +302,7 @@ static void attention_row(
                         max = fmaxf(max, att[t]);
                 }
 
-                /* softmax */
-                float sum = 0.0f;
-                for (uint32_t t = 0; t <= row->pos; t++) {
-                        att[t] = expf(att[t] - max);
-                        sum += att[t];
-                }
-                for (uint32_t t = 0; t <= row->pos; t++)
-                        att[t] /= sum;
+                softmax(att, row->pos + 1, max);
 
                 /* weighted sum of the values */
                 memset(oh, 0, hd * sizeof(float));
@@ -339,14 +344,7 @@ static void attention_row_mla(Backend *b, const BkSeq *seq, const Row *row, uint
                         max = fmaxf(max, att[t]);
                 }
 
-                /* softmax */
-                float sum = 0.0f;
-                for (uint32_t t = 0; t <= row->pos; t++) {
-                        att[t] = expf(att[t] - max);
-                        sum += att[t];
-                }
-                for (uint32_t t = 0; t <= row->pos; t++)
-                        att[t] /= sum;
+                softmax(att, row->pos + 1, max);
 
                 /* weighted sum of the latents */
                 memset(oh, 0, rank * sizeof(float));
