@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "serve"))
 sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "service"))
 import serve_common as sc  # noqa: E402
-from service_common import (BUS_CONFIG, check, failures, generate, kill_all,  # noqa: E402
+from service_common import (check, failures, generate, kill_all, private_bus,  # noqa: E402
                             start, started)
 
 DSD, DSCTL, TOOL, BUILD = sc.DSD, sc.DSCTL, sc.TOOL, sc.BUILD
@@ -167,17 +167,8 @@ def main(tmp, moe):
     want_new = {m: generate(m, NEW_PROMPT, NEW_TOKENS) for m in (moe, DENSE, v2, v3)}
     want_many = [generate(moe, p, NEW_TOKENS) for p in CONCURRENT]
 
-    bus_sock = os.path.join(tmp, "bus")
-    with open(os.path.join(tmp, "bus.conf"), "w") as f:
-        f.write(BUS_CONFIG.format(sock=bus_sock))
-    bus = start(["dbus-daemon", "--nofork", "--print-address=1",
-                 "--config-file=" + os.path.join(tmp, "bus.conf")],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    address = bus.stdout.readline().strip()
-    if not address:
-        sc.skip("dbus-daemon did not start")
-    env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS=address)
-    env.pop("NOTIFY_SOCKET", None)
+    _, env = private_bus(tmp)
+    address = env["DBUS_SESSION_BUS_ADDRESS"]
     sock = os.path.join(tmp, "dsd.sock")
     cfg = os.path.join(tmp, "dsd.json")
     with open(cfg, "w", encoding="utf-8") as f:

@@ -2,6 +2,7 @@
 """What the tests that drive a real dsd over a private dbus-daemon share: the bus
 configuration, soft checks that collect failures, the processes to kill at the end, and
 the reference text of `dsd --generate`."""
+import os
 import select
 import subprocess
 import sys
@@ -45,6 +46,24 @@ def kill_all():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def private_bus(tmp):
+    """A dbus-daemon of BUS_CONFIG listening in tmp: (its socket path, the environment that
+    points dsd, dsctl and busctl at it, without NOTIFY_SOCKET). Skips the test if it does
+    not start."""
+    bus_sock = os.path.join(tmp, "bus")
+    conf = os.path.join(tmp, "bus.conf")
+    with open(conf, "w") as f:
+        f.write(BUS_CONFIG.format(sock=bus_sock))
+    bus = start(["dbus-daemon", "--nofork", "--print-address=1", "--config-file=" + conf],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    address = bus.stdout.readline().strip()
+    if not address:
+        sc.skip("dbus-daemon did not start")
+    env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS=address)
+    env.pop("NOTIFY_SOCKET", None)
+    return bus_sock, env
 
 
 def generate(model, prompt, n):

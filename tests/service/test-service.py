@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.environ["DSD_SOURCE"], "tests", "serve"))
 import serve_common as sc  # noqa: E402
-from service_common import (BUS_CONFIG, check, failures, generate, kill_all,  # noqa: E402
+from service_common import (check, failures, generate, kill_all, private_bus,  # noqa: E402
                             start, started)
 
 DSD, DSCTL, TOOL, BUILD = sc.DSD, sc.DSCTL, sc.TOOL, sc.BUILD
@@ -98,18 +98,8 @@ def main(tmp, model_a):
     if not os.path.isdir(TINY):
         sc.skip(f"{TINY} is not built")
     os.chmod(tmp, 0o755)
-    bus_sock = os.path.join(tmp, "bus")
-    with open(os.path.join(tmp, "bus.conf"), "w") as f:
-        f.write(BUS_CONFIG.format(sock=bus_sock))
-    bus = start(["dbus-daemon", "--nofork", "--print-address=1",
-                 "--config-file=" + os.path.join(tmp, "bus.conf")],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    address = bus.stdout.readline().strip()
-    if not address:
-        sc.skip("dbus-daemon did not start")
+    bus_sock, env = private_bus(tmp)
     os.chmod(bus_sock, 0o777)
-    env = dict(os.environ, DBUS_SESSION_BUS_ADDRESS=address)
-    env.pop("NOTIFY_SOCKET", None)
     sock = os.path.join(tmp, "dsd.sock")
     http_sock = os.path.join(tmp, "http.sock")
     cfg = os.path.join(tmp, "dsd.json")
