@@ -1062,6 +1062,20 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
 }
 
+/* One of a MoE layer's expert matrices over the step's grouped pairs (b->eids, eoff,
+ * elist): the grouped GEMM (one slice) or the expert GEMV (l's slices, stride apart). */
+static void experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t slots,
+        uint32_t pairs, size_t qw_units, size_t sz_units, uint32_t x_div, const __half *x,
+        uint32_t ldx, float *y, size_t stride)
+{
+        if (grouped)
+                cu_gemm_experts(b->st, l, slots, pairs, qw_units, sz_units, b->eids, b->eoff,
+                        b->elist, x_div, x, ldx, y);
+        else
+                cu_gemv_experts(b->st, l, slots, qw_units, sz_units, b->eids, b->eoff, b->elist,
+                        x_div, x, ldx, y, stride);
+}
+
 /* The MoE MLP (DeepSeek) of the rows from b->xn into b->moe_y: the routed experts weighted,
  * plus the shared experts. */
 static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
@@ -1093,19 +1107,11 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
                 rows, b->ridx, b->rw, slots, b->eids, b->eoff, b->elist);
 
         /* every pair's gate|up, swiglu, down */
-        if (grouped)
-                cu_gemm_experts(b->st, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff,
-                        b->elist, K, b->xn, H, b->epart);
-        else
-                cu_gemv_experts(b->st, gu, slots, L->e_gu_qw, L->e_gu_sz, b->eids, b->eoff,
-                        b->elist, K, b->xn, H, b->epart, gstride);
+        experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn, H, b->epart,
+                gstride);
         cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
-        if (grouped)
-                cu_gemm_experts(b->st, dn, slots, pairs, L->e_down_qw, L->e_down_sz, b->eids,
-                        b->eoff, b->elist, 1, b->ehb, mc->expert_dim, b->edpart);
-        else
-                cu_gemv_experts(b->st, dn, slots, L->e_down_qw, L->e_down_sz, b->eids, b->eoff,
-                        b->elist, 1, b->ehb, mc->expert_dim, b->edpart, dstride);
+        experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
+                mc->expert_dim, b->edpart, dstride);
 
         /* the shared experts on every row, when not among the pairs */
         const float *shared = NULL;
