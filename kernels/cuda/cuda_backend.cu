@@ -90,11 +90,17 @@ struct Backend {
         bool mla, moe;
         bool eager;
         bool fp16_copies; /* keep FP16 copies of AWQ weights for the cuBLAS path if they fit */
+        bool pdl;         /* programmatic edges in the decode graphs (see pdl_edges) */
         int dev;          /* made current on every entry: the daemon calls from several threads */
         int n_sm;
         cudaStream_t st;
         cublasHandle_t blas;
         cublasStatus_t blas_status; /* the first failed call since the last check */
+        /* The nodes cuBLAS added to the graph being captured (see pdl_edges); lib_lost:
+         * one could not be noted, so the graph keeps full dependencies. */
+        cudaGraphNode_t *lib_nodes;
+        size_t n_lib, lib_cap;
+        bool lib_lost;
         void *blas_ws;
 
         /* weights */
@@ -959,6 +965,85 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
 /* ---------------------------------------------------------------------------------------
  * The forward pass */
 
+/* The library-node bookkeeping of a capture (see pdl_edges). A step's stream has one
+ * leaf while it is captured (it never forks); LIB_DEPS bounds what is kept of it. */
+#define LIB_DEPS 4
+
+/* The capture's current leaves into deps; 0 when b->st is not being captured for
+ * programmatic edges. */
+static size_t capture_leaves(Backend *b, cudaGraphNode_t *deps)
+{
+        cudaStreamCaptureStatus cs;
+        const cudaGraphNode_t *d = NULL;
+        size_t n = 0;
+
+        if (!b->pdl || b->lib_lost ||
+                cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, NULL, &n) != cudaSuccess ||
+                cs != cudaStreamCaptureStatusActive)
+                return 0;
+        if (n == 0 || n > LIB_DEPS) {
+                b->lib_lost = true;
+                return 0;
+        }
+        memcpy(deps, d, n * sizeof(*d));
+        return n;
+}
+
+static bool is_lib_node(const Backend *b, cudaGraphNode_t node)
+{
+        for (size_t i = 0; i < b->n_lib; i++)
+                if (b->lib_nodes[i] == node)
+                        return true;
+        return false;
+}
+
+/* Notes every node between the leaves before a library call and the capture's leaves
+ * after it, walking the dependencies back from the latter. */
+static void note_library_nodes(Backend *b, const cudaGraphNode_t *before, size_t n_before)
+{
+        cudaStreamCaptureStatus cs;
+        const cudaGraphNode_t *d = NULL;
+        size_t n = 0;
+
+        if (cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, NULL, &n) != cudaSuccess ||
+                n > LIB_DEPS) {
+                b->lib_lost = true;
+                return;
+        }
+        cudaGraphNode_t todo[64];
+        size_t n_todo = n;
+        memcpy(todo, d, n * sizeof(*d));
+        while (n_todo > 0 && !b->lib_lost) {
+                cudaGraphNode_t node = todo[--n_todo];
+                bool stop = is_lib_node(b, node);
+                for (size_t i = 0; i < n_before; i++)
+                        stop = stop || node == before[i];
+                if (stop)
+                        continue;
+                if (b->n_lib == b->lib_cap) {
+                        size_t cap = b->lib_cap ? 2 * b->lib_cap : 256;
+                        cudaGraphNode_t *m = (cudaGraphNode_t *) realloc(b->lib_nodes,
+                                cap * sizeof(*m));
+                        if (!m) {
+                                b->lib_lost = true;
+                                break;
+                        }
+                        b->lib_nodes = m;
+                        b->lib_cap = cap;
+                }
+                b->lib_nodes[b->n_lib++] = node;
+                size_t nd = 0;
+                if (cudaGraphNodeGetDependencies(node, NULL, NULL, &nd) != cudaSuccess ||
+                        n_todo + nd > sizeof(todo) / sizeof(todo[0]) ||
+                        cudaGraphNodeGetDependencies(node, todo + n_todo, NULL, &nd) !=
+                                cudaSuccess) {
+                        b->lib_lost = true;
+                        break;
+                }
+                n_todo += nd;
+        }
+}
+
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
 static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t rows, float *y)
 {
@@ -985,11 +1070,15 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
         /* Row-major y (rows, N) = x (rows, K) · W^T (K, N), W being (N, K) row-major: in
          * cuBLAS's column-major terms y^T = W · x^T. The first failure is kept for the
          * step to report. */
+        cudaGraphNode_t before[LIB_DEPS];
+        size_t n_before = capture_leaves(b, before);
         cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) l->out, (int) rows, (int) l->in, &one,
                 w, CUDA_R_16F, (int) ldw, x, CUDA_R_16F, (int) l->in, &zero, y, CUDA_R_32F,
                 (int) l->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS && b->blas_status == CUBLAS_STATUS_SUCCESS)
                 b->blas_status = st;
+        if (n_before)
+                note_library_nodes(b, before, n_before);
         return 1;
 }
 
@@ -1501,6 +1590,48 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
         return items + (bucket - n) <= TILE_ITEMS && bt + 1 <= TILE_BT;
 }
 
+/* Turns g's edges from a kernel into one of ours into programmatic ones: the successor's
+ * blocks launch once every block of the predecessor has called pdl_trigger() or exited,
+ * and wait in pdl_wait() for its completion, so the successor's start (and the weight
+ * loads it issues before the wait) overlap the predecessor's tail instead of following it.
+ * Edges into the nodes cuBLAS added (noted during the capture: asking a library kernel
+ * node for its function is an API error) stay full dependencies, as its kernels do not
+ * wait for ours. */
+static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
+{
+        size_t n = 0;
+        cudaError_t e = cudaGraphGetEdges(g, NULL, NULL, NULL, &n);
+        if (e != cudaSuccess || n == 0)
+                return e;
+        cudaGraphNode_t *from = (cudaGraphNode_t *) calloc(n, sizeof(*from));
+        cudaGraphNode_t *to = (cudaGraphNode_t *) calloc(n, sizeof(*to));
+        cudaGraphEdgeData *ed = (cudaGraphEdgeData *) calloc(n, sizeof(*ed));
+        if (!from || !to || !ed)
+                e = cudaErrorMemoryAllocation;
+        if (e == cudaSuccess)
+                e = cudaGraphGetEdges(g, from, to, ed, &n);
+        for (size_t i = 0; i < n && e == cudaSuccess; i++) {
+                cudaGraphNodeType type;
+                cudaGraphNodeType to_type;
+                if (ed[i].type != cudaGraphDependencyTypeDefault || is_lib_node(b, to[i]) ||
+                        cudaGraphNodeGetType(to[i], &to_type) != cudaSuccess ||
+                        to_type != cudaGraphNodeTypeKernel ||
+                        cudaGraphNodeGetType(from[i], &type) != cudaSuccess ||
+                        type != cudaGraphNodeTypeKernel)
+                        continue;
+                cudaGraphEdgeData pe = {};
+                pe.from_port = cudaGraphKernelNodePortProgrammatic;
+                pe.type = cudaGraphDependencyTypeProgrammatic;
+                e = cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1);
+                if (e == cudaSuccess)
+                        e = cudaGraphAddDependencies(g, &from[i], &to[i], &pe, 1);
+        }
+        free(from);
+        free(to);
+        free(ed);
+        return e;
+}
+
 static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
 {
         uint32_t bucket = 1, which = 0;
@@ -1541,6 +1672,8 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
 
         if (!b->graphs[which]) {
                 cudaGraph_t g;
+                b->n_lib = 0;
+                b->lib_lost = false;
                 CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal),
                         "graph capture");
                 /* Blocks along items: the kernel loops, so any count gives the same result.
@@ -1551,11 +1684,14 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
                         bucket <= ATT_SMALL_STEP ? bucket * 64u : (uint32_t) b->n_sm * 2);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
+                cudaError_t e = cudaSuccess;
+                if (r == 0 && b->pdl && !b->lib_lost && (e = pdl_edges(b, g)) != cudaSuccess)
+                        r = cuda_fail(err, e, "graph: programmatic edges");
                 if (r < 0) {
                         cudaGraphDestroy(g);
                         return r;
                 }
-                cudaError_t e = cudaGraphInstantiate(&b->graphs[which], g, 0);
+                e = cudaGraphInstantiate(&b->graphs[which], g, 0);
                 cudaGraphDestroy(g);
                 if (e != cudaSuccess) {
                         b->graphs[which] = NULL;
@@ -1572,7 +1708,7 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
  * BackendOps */
 
 /* The CUDA device of BkOptions.device: its leading decimal number, 0 without one (the rest
- * holds the flags "eager" and "int4-only"). */
+ * holds the flags "eager", "int4-only" and "no-pdl"). */
 static int device_index(const char *dev_opt, int *ret, DsError *err)
 {
         int n = 0;
@@ -1609,6 +1745,7 @@ static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
         b->dev = dev;
         b->eager = strstr(dev_opt, "eager") != NULL;
         b->fp16_copies = strstr(dev_opt, "int4-only") == NULL;
+        b->pdl = strstr(dev_opt, "no-pdl") == NULL;
 
         cudaError_t e = cudaSetDevice(dev);
         if (e == cudaSuccess)
@@ -1796,6 +1933,7 @@ static void cuda_free(Backend *b)
         kv_free(b);
         weights_free(b);
         cublasDestroy(b->blas);
+        free(b->lib_nodes);
         cudaFree(b->blas_ws);
         cudaStreamDestroy(b->st);
         free(b);

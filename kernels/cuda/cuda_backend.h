@@ -10,9 +10,11 @@
 extern "C" {
 #endif
 
-/* BkOptions.device: NULL or "" for the defaults, else words: "eager" runs every step
- * without CUDA graphs (the tests compare the two); "int4-only" keeps no resident FP16 copy
- * of the AWQ weights for steps of more than 16 rows (they dequantize per step instead). */
+/* BkOptions.device: NULL or "" for the defaults, else the device index and words: "eager"
+ * runs every step without CUDA graphs (the tests compare the two); "int4-only" keeps no
+ * resident FP16 copy of the AWQ weights for steps of more than 16 rows (they dequantize
+ * per step instead); "no-pdl" captures the decode graphs without programmatic edges (for
+ * measuring what they bring). */
 extern const BackendOps backend_cuda_ops;
 
 /* True when the CUDA runtime sees at least one device. */

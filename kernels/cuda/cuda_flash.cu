@@ -72,12 +72,13 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 /* Grid (n_heads, n_tasks); tasks[k] = first row | rows << 16, heaviest (latest) last, so
  * block y takes task n_tasks - 1 - y and the long ones start first. */
 template <uint32_t HD>
-__global__ void __launch_bounds__(FL_THREADS, FL_BLOCKS) k_flash(const float *__restrict__ q,
-        const __half *__restrict__ k_cache, const __half *__restrict__ v_cache,
-        const uint32_t *__restrict__ meta, const uint32_t *__restrict__ pos,
-        const uint32_t *__restrict__ row_bt, const uint32_t *__restrict__ tasks, uint32_t bt_tokens,
-        uint32_t group, uint32_t kv_dim, float scale_log2, __half *__restrict__ out)
+__global__ void __launch_bounds__(FL_THREADS, FL_BLOCKS) k_flash(const float *q,
+        const __half *k_cache, const __half *v_cache,
+        const uint32_t *meta, const uint32_t *pos,
+        const uint32_t *row_bt, const uint32_t *tasks, uint32_t bt_tokens,
+        uint32_t group, uint32_t kv_dim, float scale_log2, __half *out)
 {
+        pdl_wait();
         constexpr uint32_t CH = HD / 8; /* 16-byte units per row */
         extern __shared__ uint4 smem[];
         uint4 *k_s = smem;                 /* 2 x (FL_BN, CH) */

@@ -187,7 +187,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 #pragma unroll
                         for (int j = 0; j < 4; j++)
                                 xd[h][j] = G64 || ch * AWQ_KC + 16 * j < a.K
-                                        ? __ldg((const uint2 *) (p + 16 * j))
+                                        ? *(const uint2 *) (p + 16 * j)
                                         : make_uint2(0, 0);
                 }
         };
@@ -225,13 +225,17 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 }
         };
 
+        /* The weights are constant: their first stages load before the wait on the kernel
+         * that writes x (and reads y), so they stream in while it finishes. */
         if (w0 < w1) {
 #pragma unroll
                 for (int i = 0; i < D; i++)
                         if (w0 + i < w1)
                                 load(i, w0 + i);
-                load_x(xb[0], w0);
         }
+        pdl_wait();
+        if (w0 < w1)
+                load_x(xb[0], w0);
         /* D is even: stage i's x is xb[i % 2] on every round */
         for (uint32_t base = w0; base < w1; base += D) {
 #pragma unroll
@@ -246,6 +250,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                                 load(i, ch + D);
                 }
         }
+        pdl_trigger(); /* the successor's blocks may take the SM slots of finished ones */
 
         /* c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1 */
 #pragma unroll
@@ -284,6 +289,8 @@ template <bool HI, bool G64>
 __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(const AwqArgs a)
 {
         __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        if (a.ids || a.off || a.list)
+                pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z, r0 = 0, r1 = a.rows;
         if (a.off) {
                 r0 = a.off[blockIdx.z];
@@ -369,6 +376,7 @@ struct MoeGemmArgs {
 
 __global__ void __launch_bounds__(MG_WARPS * 32, 4) k_moe_gemm(const MoeGemmArgs a)
 {
+        pdl_wait();
         __shared__ __align__(16) __half xs[MG_XST][MG_ROWS][MG_XS];
         const uint32_t full = 0xffffffffu;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -604,19 +612,26 @@ uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
 
 template <int M, bool VEC>
 __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w,
-        const __half *__restrict__ x, uint32_t ldx, float *__restrict__ y, size_t slice_stride,
+        const __half *x, uint32_t ldx, float *y, size_t slice_stride,
         uint32_t K, uint32_t kp, uint32_t N, uint32_t splits)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t g = blockIdx.x * 8 + warp;
-        if (4 * g >= N)
-                return;
         uint32_t kc_n = kp / 8, s = blockIdx.y;
         uint32_t c0 = (uint32_t) ((uint64_t) kc_n * s / splits);
         uint32_t c1 = (uint32_t) ((uint64_t) kc_n * (s + 1) / splits);
         uint32_t n = 4 * g + lane % 4;
         bool live = n < N;
         const uint4 *wp = (const uint4 *) (w + (size_t) (live ? n : 0) * kp);
+        /* the first loads' lines into L2 before the wait on the kernel that writes x */
+        if (4 * g < N)
+#pragma unroll
+                for (int i = 0; i < DENSE_UNROLL; i++)
+                        if (c0 + lane / 4 + 8 * i < c1)
+                                prefetch_l2(wp + c0 + lane / 4 + 8 * i);
+        pdl_wait();
+        if (4 * g >= N)
+                return;
         float acc[M];
 #pragma unroll
         for (int m = 0; m < M; m++)
@@ -644,7 +659,7 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
                                 const __half *xr = x + (size_t) m * ldx + k;
                                 float2 xs[4];
                                 if (VEC) {
-                                        uint4 xv = __ldg((const uint4 *) xr);
+                                        uint4 xv = *(const uint4 *) xr;
                                         const uint32_t *xu = (const uint32_t *) &xv;
 #pragma unroll
                                         for (int j = 0; j < 4; j++)
@@ -730,6 +745,7 @@ uint32_t cu_dense_splits(int n_sm, uint32_t n, uint32_t k)
 __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off, uint32_t K,
         uint32_t N, uint32_t chunks, uint32_t tile_lo, uint32_t n_tiles, uint4 *qw)
 {
+        pdl_wait();
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         if (u >= (size_t) n_tiles * chunks * 32)
                 return;
@@ -760,6 +776,7 @@ __global__ void k_awq_repack(const uint32_t *qweight, uint32_t n, uint32_t n_off
 __global__ void k_awq_scales(const uint32_t *qzeros, const __half *scales, uint32_t n,
         uint32_t n_off, uint32_t cols, uint32_t groups, uint32_t tiles, __half *sz)
 {
+        pdl_wait();
         size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         if (i >= (size_t) groups * cols)
                 return;
@@ -796,6 +813,7 @@ void cu_awq_repack(cudaStream_t st, const CuLinear *l, const uint32_t *qweight,
 __global__ void k_awq_dequant(const uint4 *qw, const __half *sz, uint32_t K, uint32_t N,
         uint32_t gs, uint32_t tiles, uint32_t chunks, __half *w16)
 {
+        pdl_wait();
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         if (u >= (size_t) tiles * chunks * 32)
                 return;

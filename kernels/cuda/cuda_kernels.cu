@@ -55,6 +55,8 @@ __device__ float block_sum(float v, float *red)
 
 __global__ void k_embed(const __half *embed, const int32_t *tokens, uint32_t hidden, float *x)
 {
+        pdl_wait();
+        pdl_trigger();
         const __half *e = embed + (size_t) tokens[blockIdx.x] * hidden;
         float *o = x + (size_t) blockIdx.x * hidden;
 
@@ -80,10 +82,12 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
 #define ADD_NORM_PER     4
 
 __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
-        k_add_norm(float *x, const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+        k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
                 const float *__restrict__ bias, const float *__restrict__ w, __half *xn,
                 uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
+        pdl_wait();
+        pdl_trigger();
         __shared__ float red[32];
         __shared__ float ss_s;
         cg::cluster_group cluster = cg::this_cluster();
@@ -149,10 +153,12 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
 #define ADD_NORM_GROUPS 4
 
 __global__ void __launch_bounds__(ADD_NORM_GROUPS * ADD_NORM_THREADS) k_add_norm_rows(float *x,
-        const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+        const float *part, uint32_t splits, size_t slice_stride,
         const float *__restrict__ bias, const float *__restrict__ w, __half *xn, uint32_t hidden,
         float eps, const uint32_t *out_row, bool write_res)
 {
+        pdl_wait();
+        pdl_trigger();
         constexpr uint32_t CPG = ADD_NORM_CTAS / ADD_NORM_GROUPS;
         __shared__ float red[ADD_NORM_CTAS][ADD_NORM_THREADS / 32];
         uint32_t chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
@@ -334,11 +340,13 @@ out:
 /* One block of head_dim/2 threads per (row, head): heads below n_heads are q, then k, then
  * v. Thread i rotates the pair (i, i + head_dim/2) of a q or k head, or copies elements i
  * and i + head_dim/2 of a v head into the cache. */
-__global__ void k_rope_kv(const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+__global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_stride,
         const float *__restrict__ bias, const uint32_t *pos, const uint32_t *slot,
         const float *inv_freq, float af, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd,
         float *q_out, __half *k_cache, __half *v_cache)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
         uint32_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, n = q_dim + 2 * kv_dim;
         uint32_t col = h * hd + i;
@@ -380,6 +388,8 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
 __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride,
         const float *bias, uint32_t inter, __half *out)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = blockIdx.y;
         size_t row = (size_t) r * 2 * inter;
 
@@ -393,9 +403,11 @@ __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride
 
 /* inter % 4 == 0: four columns a thread with 16-byte loads, all of them in flight at once
  * (the strided loop above reached 2.1 TB/s at 2048 rows); the same arithmetic per element. */
-__global__ void k_swiglu4(const float *__restrict__ part, uint32_t splits, size_t slice_stride,
+__global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_stride,
         const float *__restrict__ bias, uint32_t inter, __half *out)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = blockIdx.y, i = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
         if (i >= inter)
                 return;
@@ -479,6 +491,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
         uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, uint32_t kl, uint32_t vl, float scale,
         float *acc_out, float2 *ml_out)
 {
+        pdl_wait();
         extern __shared__ float4 sh4[];
         uint32_t g = n_heads / n_kv_heads, kvh = blockIdx.y, kv_dim = n_kv_heads * hd;
         uint32_t shares = ATT_THREADS / vl;
@@ -520,7 +533,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                         for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
                                 uint32_t i = pp + r * per;
                                 if (r * per < ATT_SPLIT_MAX && i < n && live)
-                                        kv[r] = __ldg((const uint4 *) (k_cache +
+                                        kv[r] = ld_cg((const uint4 *) (k_cache +
                                                 (size_t) slot_s[i] * kv_dim + kvh * hd) + li);
                                 else
                                         kv[r] = make_uint4(0, 0, 0, 0);
@@ -550,8 +563,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                 sc[h] = 0.0f;
                         for (uint32_t d8 = 0; d8 < hd / 8; d8 += 2) {
                                 uint4 u[2];
-                                u[0] = __ldg(k8 + d8);
-                                u[1] = d8 + 1 < hd / 8 ? __ldg(k8 + d8 + 1) : make_uint4(0, 0, 0, 0);
+                                u[0] = ld_cg(k8 + d8);
+                                u[1] = d8 + 1 < hd / 8 ? ld_cg(k8 + d8 + 1) : make_uint4(0, 0, 0, 0);
 #pragma unroll
                                 for (uint32_t v = 0; v < 2; v++) {
                                         if (d8 + v >= hd / 8)
@@ -610,7 +623,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                 uint2 u[8];
 #pragma unroll
                                 for (uint32_t j = 0; j < 8; j++)
-                                        u[j] = b + j < i1 ? __ldg(v4 + (size_t) slot_s[b + j] * (kv_dim / 4))
+                                        u[j] = b + j < i1 ? ld_cg(v4 + (size_t) slot_s[b + j] * (kv_dim / 4))
                                                           : make_uint2(0, 0);
 #pragma unroll
                                 for (uint32_t j = 0; j < 8; j++) {
@@ -691,9 +704,11 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
 #define COMBINE_LOADS   16
 
 __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
-        const float *__restrict__ acc, const float2 *__restrict__ ml, const uint2 *row_items,
+        const float *acc, const float2 *ml, const uint2 *row_items,
         uint32_t n_heads, uint32_t hd, __half *out)
 {
+        pdl_wait();
+        pdl_trigger();
         __shared__ float w_s[COMBINE_THREADS], l_s[COMBINE_THREADS];
         __shared__ float red[32];
         uint32_t r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
@@ -734,7 +749,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
                         float v[COMBINE_LOADS];
 #pragma unroll
                         for (uint32_t j = 0; j < COMBINE_LOADS; j++)
-                                v[j] = i + j < nc ? __ldg(ap + (i + j) * stride) : 0.0f;
+                                v[j] = i + j < nc ? ap[(i + j) * stride] : 0.0f;
 #pragma unroll
                         for (uint32_t j = 0; j < COMBINE_LOADS; j++)
                                 if (i + j < nc)
@@ -758,6 +773,8 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
 
 __global__ void k_to_half(const float *x, __half *y, size_t n)
 {
+        pdl_wait();
+        pdl_trigger();
         for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < n;
                 i += (size_t) gridDim.x * blockDim.x)
                 y[i] = __float2half(x[i]);

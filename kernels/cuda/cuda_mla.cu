@@ -55,7 +55,7 @@ static __device__ __forceinline__ float4 f4_add(float4 a, float4 b)
  * each slice, plus bias[at(i).y ..] when there is a bias. The (quad, slice) loads go
  * MLA_LOADS at a time whatever the slice count. Offsets and columns are multiples of 4. */
 template <typename At, typename Put>
-static __device__ __forceinline__ void mla_quads(const float *__restrict__ part, uint32_t splits,
+static __device__ __forceinline__ void mla_quads(const float *part, uint32_t splits,
         size_t stride, const float *__restrict__ bias, uint32_t first, uint32_t step, uint32_t n,
         At at, Put put)
 {
@@ -70,7 +70,7 @@ static __device__ __forceinline__ void mla_quads(const float *__restrict__ part,
                         if (f >= total)
                                 continue;
                         uint2 o = at(first + f / splits * step);
-                        v[u] = __ldg((const float4 *) (part + s * stride + o.x));
+                        v[u] = *(const float4 *) (part + s * stride + o.x);
                         if (bias && s + 1 == splits)
                                 b[u] = __ldg((const float4 *) (bias + o.y));
                 }
@@ -115,6 +115,8 @@ __device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t 
 
 __global__ void k_mla_kv(const CuMlaKv a, const uint32_t *pos, const uint32_t *slot)
 {
+        pdl_wait();
+        pdl_trigger();
         mla_kv_row(a, blockIdx.x, pos[blockIdx.x], slot[blockIdx.x]);
 }
 
@@ -123,10 +125,12 @@ void cu_mla_kv(cudaStream_t st, const CuMlaKv *kv, CuMeta meta, uint32_t rows)
         k_mla_kv<<<rows, 128, 0, st>>>(*kv, meta.pos, meta.slot);
 }
 
-__global__ void k_mla_q_norm(const float *__restrict__ part, uint32_t splits, size_t stride,
+__global__ void k_mla_q_norm(const float *part, uint32_t splits, size_t stride,
         const float *__restrict__ bias, uint32_t ld, uint32_t n, const float *norm_w, float eps,
         __half *xq)
 {
+        pdl_wait();
+        pdl_trigger();
         extern __shared__ float qa[];
         uint32_t r = blockIdx.x;
         float ss = 0.0f;
@@ -196,12 +200,13 @@ static __device__ __forceinline__ void mla_store(const float *c, __half *out, si
  * staged; float32 q_nope goes in as two FP16 halves (hi and the rest), so the product
  * keeps about 22 bits of it. A head's blocks also share its roped q_pe of the group's rows
  * into q[r][h][rank ..). With kv, one block a row after them writes its latent row. */
-__global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *__restrict__ part,
+__global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         uint32_t splits, size_t stride, const float *__restrict__ bias, uint32_t ld,
         const uint32_t *pos, const uint32_t *slot, uint32_t rows, uint32_t H, uint32_t P,
         uint32_t R, uint32_t rank, const float *inv_freq, float af, const uint4 *__restrict__ wk,
         __half *q, const CuMlaKv kv)
 {
+        pdl_wait();
         extern __shared__ uint4 smem[];
         uint32_t W = rank + R, qk = P + R, MG = rank / (16 * MLA_HW);
         uint32_t n_gemm = MG * H * ((rows + MLA_RB - 1) / MLA_RB);
@@ -305,10 +310,11 @@ void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t s
 
 /* Blocks (m-tile, head, row group); warp w takes the w-th quarter of the rank's k-steps,
  * and warp 0 adds the others' sums to its own in warp order. */
-__global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *__restrict__ o_lat,
+__global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *o_lat,
         const uint4 *__restrict__ wvt, uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd,
         __half *out)
 {
+        pdl_wait();
         extern __shared__ uint4 smem[];
         __shared__ float4 red[(MLA_HW - 1) * (MLA_RB / 8) * 32];
         uint32_t MT = Vd / 16, bi = blockIdx.x, mt = bi % MT, h = bi / MT % H;
@@ -330,7 +336,7 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *__rest
 #pragma unroll
                 for (uint32_t u = 0; u < 2 * MLA_LOADS; u++) {
                         uint32_t i = i0 + u * blockDim.x, r = i / units;
-                        v[u] = r < nr ? __ldg((const uint4 *) (o_lat +
+                        v[u] = r < nr ? *((const uint4 *) (o_lat +
                                                                ((size_t) (r0 + r) * H + h) * rank +
                                                                8 * (i % units)))
                                       : make_uint4(0, 0, 0, 0);
@@ -420,6 +426,7 @@ static __device__ __forceinline__ uint2 mla_frag_mk(size_t j, uint32_t KS)
 __global__ void k_mla_split_kvb(const __half *w16, uint32_t H, uint32_t P, uint32_t Vd,
         uint32_t rank, __half *wk, __half *wvt)
 {
+        pdl_wait();
         size_t per = (size_t) P * rank, n = (size_t) H * per;
         for (size_t i = (size_t) blockIdx.x * blockDim.x + threadIdx.x; i < n;
                 i += (size_t) gridDim.x * blockDim.x) {
@@ -490,11 +497,12 @@ static __device__ __forceinline__ float pick4(const float (&x)[4], uint32_t i)
         return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
 }
 
-__global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *__restrict__ q,
-        const __half *__restrict__ cache, const uint32_t *meta, const uint32_t *row_bt,
+__global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
+        const __half *cache, const uint32_t *meta, const uint32_t *row_bt,
         uint32_t bt_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
-        float *__restrict__ acc_out, float2 *__restrict__ ml_out)
+        float *acc_out, float2 *ml_out)
 {
+        pdl_wait();
         extern __shared__ uint4 smem[];
         uint32_t W = rank + R, WS = W + 8; /* row stride of q_h and kv_s, in halves */
         uint32_t h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);

@@ -4,6 +4,7 @@
 #include <float.h>
 
 #include "cuda_deepseek.cuh"
+#include "cuda_ptx.cuh"
 
 /* Routed experts a routing warp holds (8 per lane); warps per routing block, and so the
  * rows up to which one block routes and groups (k_moe_route_group). */
@@ -50,7 +51,7 @@ __device__ uint32_t take_best(const float *v, const bool *taken, uint32_t n, uin
 }
 
 /* The calling warp routes row r, following cpu_moe_route step by step. */
-__device__ void route_row(const float *__restrict__ logits, uint32_t splits, size_t stride,
+__device__ void route_row(const float *logits, uint32_t splits, size_t stride,
         const float *__restrict__ bias, const CuRoute &rt, uint32_t r, uint32_t *idx, float *w)
 {
         __shared__ float sc_all[ROUTE_WARPS][ROUTE_MAX], ch_all[ROUTE_WARPS][ROUTE_MAX];
@@ -182,10 +183,12 @@ __device__ void route_row(const float *__restrict__ logits, uint32_t splits, siz
 }
 
 /* One warp per row. */
-__global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *__restrict__ logits,
+__global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route(const float *logits,
         uint32_t splits, size_t stride, const float *__restrict__ bias, CuRoute rt, uint32_t rows,
         uint32_t *idx, float *w)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = blockIdx.x * ROUTE_WARPS + threadIdx.x / 32;
         if (r < rows)
                 route_row(logits, splits, stride, bias, rt, r, idx, w);
@@ -253,16 +256,20 @@ __device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
 __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
         uint32_t *ids, uint32_t *off, uint32_t *list)
 {
+        pdl_wait();
+        pdl_trigger();
         group_pairs(idx, n_pairs, E, n_slots, ids, off, list);
 }
 
 /* One block of a warp per row routes, then groups what it routed (idx is read back after
  * the barrier, which makes the block's writes visible to it). */
 __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route_group(
-        const float *__restrict__ logits, uint32_t splits, size_t stride,
+        const float *logits, uint32_t splits, size_t stride,
         const float *__restrict__ bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w,
         uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = threadIdx.x / 32;
         if (r < rows)
                 route_row(logits, splits, stride, bias, rt, r, idx, w);
@@ -291,11 +298,13 @@ void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
                 idx, w, n_slots, ids, off, list);
 }
 
-__global__ void k_moe_combine(const float *__restrict__ routed, uint32_t r_splits,
-        size_t r_stride, const float *__restrict__ w, uint32_t top_k,
-        const float *__restrict__ shared, uint32_t s_splits, size_t s_stride, uint32_t hidden,
+__global__ void k_moe_combine(const float *routed, uint32_t r_splits,
+        size_t r_stride, const float *w, uint32_t top_k,
+        const float *shared, uint32_t s_splits, size_t s_stride, uint32_t hidden,
         float *y)
 {
+        pdl_wait();
+        pdl_trigger();
         uint32_t r = blockIdx.y;
         for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden;
                 i += gridDim.x * blockDim.x) {

@@ -68,3 +68,45 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+/* Programmatic dependent launch (sm_90). A kernel that a graph launches behind a
+ * programmatic edge (see pdl_edges in cuda_backend.cu) may start before its predecessor
+ * has finished: it must call pdl_wait() before it reads anything the predecessor writes
+ * or writes anything the predecessor reads, and may issue reads of constant data (the
+ * weights) before. Data a step writes is never read through the non-coherent path
+ * (__ldg, const __restrict__): the compiler takes those loads as invariant and may hoist
+ * them above the wait (graph replays then read stale activations; the gpu suite caught
+ * it). Outside such an edge both instructions do nothing. pdl_trigger() lets
+ * the successor's blocks launch once every block of this grid has called it or exited. */
+__device__ __forceinline__ void pdl_wait()
+{
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+__device__ __forceinline__ void pdl_trigger()
+{
+        asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
+/* Loads cached in L2 only, for data read once per SM (the KV cache): coherent with what
+ * the kernel's predecessor wrote (see pdl_wait), and never hoisted above the wait. */
+__device__ __forceinline__ uint4 ld_cg(const uint4 *p)
+{
+        uint4 v;
+        asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+}
+
+__device__ __forceinline__ uint2 ld_cg(const uint2 *p)
+{
+        uint2 v;
+        asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+        return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}

@@ -17,6 +17,7 @@
 #include "cuda_kernels.cuh"
 #include "philox.h"
 #include "sample_math.h"
+#include "cuda_ptx.cuh"
 
 #define THREADS 1024u
 #define WARPS   (THREADS / 32)
@@ -363,6 +364,7 @@ __device__ void block_argmax(Smem &sm, const float *row, uint32_t vocab, float *
 __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
 {
+        pdl_wait();
         __shared__ Smem sm;
         float *row = logits + (size_t) blockIdx.x * ld;
         const CuSampleParams p = params[blockIdx.x];

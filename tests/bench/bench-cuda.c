@@ -12,8 +12,9 @@
  * prints as 0. Prefill 512 still runs when a decode batch is asked for: it fills the
  * shared prefix. Each phase is an NVTX range of its name (ncu --nvtx --nvtx-include
  * "b1/"), and DSD_BENCH_DEVICE is passed as BkOptions.device ("eager" for per-kernel
- * profiling). DSD_BENCH_SAMPLING (any value) makes decode steps sample with temperature
- * 0.8 and top-p 0.9 instead of greedily, to price sampling on the device. */
+ * profiling, "no-pdl" for decode graphs without programmatic edges). DSD_BENCH_SAMPLING
+ * (any value) makes decode steps sample with temperature 0.8 and top-p 0.9 instead of
+ * greedily, to price sampling on the device. */
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdbool.h>
