@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/* The GEMVs (INT4 AWQ up to 16 rows, also per MoE expert; dense FP16 up to GEMV_ROWS), the
- * grouped INT4 GEMM of MoE experts with many rows, the AWQ repack that lays the weights
- * out for them, and the dequantization the cuBLAS path multiplies (see cuda_kernels.cuh). */
+/* The GEMVs (INT4 AWQ up to 16 rows, and per MoE expert through shared-memory stages; dense
+ * FP16 up to GEMV_ROWS), the grouped INT4 GEMM of MoE experts with many rows, the AWQ
+ * repack that lays the weights out for them, and the dequantization the cuBLAS path
+ * multiplies (see cuda_kernels.cuh). */
 extern "C" {
 #include "cuda_backend.h"
 }
@@ -128,6 +129,79 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint2 b)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
+/* c[h] (rows 8h..8h+7 of tile's columns) += one chunk of one tile: its weight piece v, its
+ * scale records r (one per Q-th of the chunk) and the pass's x fragments xq. */
+template <int H, int Q>
+__device__ __forceinline__ void awq_tile(uint4 v, const uint2 *r, const uint2 (*xq)[4],
+        float (*c)[4])
+{
+        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < Q; q++) {
+                __half2 zlo = __low2half2(u32_as_h2(r[q].y));
+                __half2 zhi = __high2half2(u32_as_h2(r[q].y));
+                float2 s = __half22float2(u32_as_h2(r[q].x));
+                float tmp[H][4];
+#pragma unroll
+                for (int h = 0; h < H; h++)
+                        tmp[h][0] = tmp[h][1] = tmp[h][2] = tmp[h][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < 4 / Q; kk++) {
+                        uint32_t A[4];
+                        awq_a(wd[q * (4 / Q) + kk], zlo, zhi, A);
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+                                mma16816(tmp[h], A, xq[h][q * (4 / Q) + kk]);
+                }
+#pragma unroll
+                for (int h = 0; h < H; h++) {
+                        c[h][0] += s.x * tmp[h][0];
+                        c[h][1] += s.x * tmp[h][1];
+                        c[h][2] += s.y * tmp[h][2];
+                        c[h][3] += s.y * tmp[h][3];
+                }
+        }
+}
+
+/* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
+ * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1. */
+template <int H>
+__device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
+        uint32_t p0, uint32_t pr, float (*red)[AWQ_NT][8][32])
+{
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++)
+                                red[warp][j][4 * h + r][lane] = c[j][h][r];
+        __syncthreads();
+        if (warp == 0) {
+                float *ys = a.y + blockIdx.y * a.slice_stride;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+#pragma unroll
+                                for (int r = 0; r < 4; r++) {
+                                        float v = red[0][j][4 * h + r][lane];
+#pragma unroll
+                                        for (int w = 1; w < AWQ_KW; w++)
+                                                v += red[w][j][4 * h + r][lane];
+                                        uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
+                                        uint32_t i = 8 * h + 2 * t + r % 2;
+                                        if (col < a.N && i < pr) {
+                                                uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                                ys[(size_t) row * a.N + col] = v;
+                                        }
+                                }
+                }
+        }
+        __syncthreads(); /* red is reused by the next pass */
+}
+
 /* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
  * w1); HI has half the chunks in flight, for registers. G64: the group size is a multiple
  * of the chunk (so is K), one (scale, zero) per tile and chunk; else one per half chunk
@@ -138,7 +212,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
         float (*red)[AWQ_NT][8][32])
 {
         constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
-        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
         /* Lanes past the pass's rows read its first row: their columns of the mma's
          * result are never written, and no other column depends on them. */
         const __half *xr[H];
@@ -193,36 +267,8 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
         };
         auto compute = [&](int i, uint2 (*xq)[4]) {
 #pragma unroll
-                for (int j = 0; j < AWQ_NT; j++) {
-                        const uint4 v = buf[i][j];
-                        const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                        for (int q = 0; q < Q; q++) {
-                                uint2 r = szb[i][j][q];
-                                __half2 zlo = __low2half2(u32_as_h2(r.y));
-                                __half2 zhi = __high2half2(u32_as_h2(r.y));
-                                float2 s = __half22float2(u32_as_h2(r.x));
-                                float tmp[H][4];
-#pragma unroll
-                                for (int h = 0; h < H; h++)
-                                        tmp[h][0] = tmp[h][1] = tmp[h][2] = tmp[h][3] = 0.0f;
-#pragma unroll
-                                for (int kk = 0; kk < 4 / Q; kk++) {
-                                        uint32_t A[4];
-                                        awq_a(wd[q * (4 / Q) + kk], zlo, zhi, A);
-#pragma unroll
-                                        for (int h = 0; h < H; h++)
-                                                mma16816(tmp[h], A, xq[h][q * (4 / Q) + kk]);
-                                }
-#pragma unroll
-                                for (int h = 0; h < H; h++) {
-                                        c[j][h][0] += s.x * tmp[h][0];
-                                        c[j][h][1] += s.x * tmp[h][1];
-                                        c[j][h][2] += s.y * tmp[h][2];
-                                        c[j][h][3] += s.y * tmp[h][3];
-                                }
-                        }
-                }
+                for (int j = 0; j < AWQ_NT; j++)
+                        awq_tile<H, Q>(buf[i][j], szb[i][j], xq, c[j]);
         };
 
         /* The weights are constant: their first stages load before the wait on the kernel
@@ -251,38 +297,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 }
         }
         pdl_trigger(); /* the successor's blocks may take the SM slots of finished ones */
-
-        /* c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1 */
-#pragma unroll
-        for (int j = 0; j < AWQ_NT; j++)
-#pragma unroll
-                for (int h = 0; h < H; h++)
-#pragma unroll
-                        for (int r = 0; r < 4; r++)
-                                red[warp][j][4 * h + r][lane] = c[j][h][r];
-        __syncthreads();
-        if (warp == 0) {
-                float *ys = a.y + blockIdx.y * a.slice_stride;
-#pragma unroll
-                for (int j = 0; j < AWQ_NT; j++) {
-#pragma unroll
-                        for (int h = 0; h < H; h++)
-#pragma unroll
-                                for (int r = 0; r < 4; r++) {
-                                        float v = red[0][j][4 * h + r][lane];
-#pragma unroll
-                                        for (int w = 1; w < AWQ_KW; w++)
-                                                v += red[w][j][4 * h + r][lane];
-                                        uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
-                                        uint32_t i = 8 * h + 2 * t + r % 2;
-                                        if (col < a.N && i < pr) {
-                                                uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
-                                                ys[(size_t) row * a.N + col] = v;
-                                        }
-                                }
-                }
-        }
-        __syncthreads(); /* red is reused by the next pass */
+        awq_store<H>(a, c, tile0, p0, pr, red);
 }
 
 template <bool HI, bool G64>
@@ -325,12 +340,169 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         k<<<grid, AWQ_KW * 32, 0, st>>>(a);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The expert GEMV: k_gemv_awq's work split (AWQ_NT tiles and one K slice a CTA, the
+ * slice's chunks split between its warps, passes of up to 8 rows of one MoE slot), with
+ * each warp's loads staged in shared memory by cp.async: a chunk's weights, scale records
+ * and x rows arrive AWQ_ES - 1 chunks ahead of their use, and hold no registers. Here the
+ * rows of a pass are gathered from the list, and the registers that k_gemv_awq's load
+ * stages take cap it at fewer loads in flight: V2-Lite's expert GEMVs at 8 and 16 tokens
+ * took 12-21% less time staged (bench-gemv, PERF.md, fourth session), where the dense 7B
+ * shapes at one row did not gain. */
+
+#define AWQ_ES 4  /* stages per warp */
+#define AWQ_XS 80 /* halves per x row of a stage: 64 and 16 of padding, so that the B loads
+                   * of a half warp hit 32 distinct banks */
+
+/* Bytes of one stage: weights, scale records (two per tile and chunk unless the group size
+ * is a multiple of the chunk), 8 rows of x. A CTA's stages stay under the 48 KB a launch
+ * may take without opting in. */
+__host__ __device__ constexpr uint32_t awq_stage_bytes(bool g64)
+{
+        return AWQ_NT * 512 + (g64 ? 1 : 2) * AWQ_NT * 64 + 8 * AWQ_XS * 2;
+}
+static_assert(AWQ_KW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
+        "the expert GEMV's stages need no opt-in");
+
+/* An 8-byte cp.async (scale records); zeros where !valid. */
+__device__ __forceinline__ void cp_async8(void *dst, const void *src, bool valid)
+{
+        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
+        int n = valid ? 8 : 0;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+
+template <bool G64>
+__device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *qw,
+        const uint2 *sz, uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
+        char *stages, float (*red)[AWQ_NT][8][32])
+{
+        constexpr int Q = G64 ? 1 : 2, S = AWQ_ES;
+        constexpr uint32_t WB = AWQ_NT * 512, SB = Q * AWQ_NT * 64, SBYTES = awq_stage_bytes(G64);
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+
+        /* x pieces (16 bytes: row p / 8, halves 8 (p % 8) ..) p = lane, lane + 32 of a
+         * chunk; rows past the pass's are not copied, as no lane reads them: lanes past
+         * the pass's rows read its first row (their columns of the mma's result are never
+         * written, and no other column depends on them) */
+        const __half *xs[2];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+                uint32_t p = lane + 32 * m, row = p / 8;
+                xs[m] = row < pr ? a.x + (size_t) (a.list[p0 + row] / a.x_div) * a.ldx +
+                                           8 * (p % 8)
+                                 : NULL;
+        }
+        uint32_t xrow = g < pr ? g : 0;
+
+        const uint4 *qp = qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
+        /* scale record lane l < Q * AWQ_NT * 8: half chunk q = l / 16 (G64: 0), tile j, g */
+        const uint32_t sq = lane / (AWQ_NT * 8), sj = (lane / 8) % AWQ_NT, sg = lane % 8;
+        const uint2 *sp = sz + (size_t) (tile0 + sj) * 8 + sg;
+        uint32_t group_recs = a.tiles * 8;
+
+        auto load = [&](uint32_t ch) {
+                char *st = stages + (ch % S) * SBYTES;
+                const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++)
+                        cp_async16((uint4 *) st + 32 * j + lane, qc + 32 * j, true);
+                if (lane < Q * AWQ_NT * 8) {
+                        uint32_t hc = 2 * ch + sq, grp = __umulhi(2 * hc, a.group_magic);
+                        bool in = G64 || 32 * hc < a.K;
+                        cp_async8((uint2 *) (st + WB) + lane,
+                                in ? sp + (size_t) grp * group_recs : sp, in);
+                }
+#pragma unroll
+                for (int m = 0; m < 2; m++) {
+                        uint32_t p = lane + 32 * m;
+                        if (xs[m]) {
+                                bool in = G64 || ch * AWQ_KC + 8 * (p % 8) < a.K;
+                                cp_async16((__half *) (st + WB + SB) + (p / 8) * AWQ_XS +
+                                                8 * (p % 8),
+                                        in ? xs[m] + (size_t) ch * AWQ_KC : xs[m], in);
+                        }
+                }
+        };
+
+        float c[AWQ_NT][1][4];
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+                c[j][0][0] = c[j][0][1] = c[j][0][2] = c[j][0][3] = 0.0f;
+
+        /* one commit group per chunk, empty ones included, so that the groups in flight
+         * stay S - 2 behind the chunk being computed */
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) {
+                if (w0 + i < w1)
+                        load(w0 + i);
+                cp_async_commit();
+        }
+        for (uint32_t ch = w0; ch < w1; ch++) {
+                cp_async_wait<S - 2>();
+                __syncwarp();
+                /* into the stage of chunk ch - 1, free since every lane passed the barrier */
+                if (ch + S - 1 < w1)
+                        load(ch + S - 1);
+                cp_async_commit();
+                const char *st = stages + (ch % S) * SBYTES;
+                const __half *xc = (const __half *) (st + WB + SB) + xrow * AWQ_XS + 4 * t;
+                uint2 xq[1][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                        xq[0][kk] = *(const uint2 *) (xc + 16 * kk);
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        uint2 r[Q];
+#pragma unroll
+                        for (int q = 0; q < Q; q++)
+                                r[q] = ((const uint2 *) (st + WB))[q * AWQ_NT * 8 + j * 8 + g];
+                        awq_tile<1, Q>(((const uint4 *) st)[32 * j + lane], r, xq, c[j]);
+                }
+        }
+        cp_async_wait<0>();
+        pdl_trigger();
+        awq_store<1>(a, c, tile0, p0, pr, red);
+}
+
+template <bool G64>
+__global__ void __launch_bounds__(AWQ_KW * 32, 4) k_gemv_experts(const AwqArgs a)
+{
+        __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        extern __shared__ __align__(16) char awq_stages[];
+        pdl_wait(); /* the experts and their rows come from the routing */
+        uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;
+        uint32_t r0 = a.off[blockIdx.z], r1 = a.off[blockIdx.z + 1];
+        uint32_t tile0 = blockIdx.x * AWQ_NT;
+        uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
+        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
+        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        uint32_t w0 = c0 + (c1 - c0) * warp / AWQ_KW, w1 = c0 + (c1 - c0) * (warp + 1) / AWQ_KW;
+        const uint4 *qw = a.qw + e * a.qw_units;
+        const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
+        char *stages = awq_stages + warp * AWQ_ES * awq_stage_bytes(G64);
+        for (uint32_t p0 = r0; p0 < r1; p0 += 8)
+                awq_pass_staged<G64>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0), stages,
+                        red);
+}
+
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride)
 {
-        gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false, x, ldx, y,
-                slice_stride);
+        if (ldx % 8 != 0 || (uintptr_t) x % 16 != 0) { /* x goes in 16-byte pieces */
+                gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false,
+                        x, ldx, y, slice_stride);
+                return;
+        }
+        uint32_t d = l->group_size / 32;
+        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
+                slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
+        dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
+        bool g64 = l->group_size % AWQ_KC == 0;
+        auto k = g64 ? k_gemv_experts<true> : k_gemv_experts<false>;
+        k<<<grid, AWQ_KW * 32, AWQ_KW * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
 }
 
 /* ---------------------------------------------------------------------------------------
