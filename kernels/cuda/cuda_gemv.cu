@@ -202,14 +202,26 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
         __syncthreads(); /* red is reused by the next pass */
 }
 
+/* Halves per row of x a CTA keeps in shared memory (XS passes): the slice's k and 16 of
+ * padding, so that the two rows' fragments of a warp's load fall in distinct banks. */
+__host__ __device__ static inline uint32_t awq_xs_row(uint32_t slice_chunks)
+{
+        return slice_chunks * AWQ_KC + 16;
+}
+
 /* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
- * w1); HI has half the chunks in flight, for registers. G64: the group size is a multiple
- * of the chunk (so is K), one (scale, zero) per tile and chunk; else one per half chunk
- * (32 k), and the last chunk may be half beyond K. */
-template <bool HI, bool G64>
+ * w1) of the CTA's slice [c0, c1); HI has half the chunks in flight, for registers. G64:
+ * the group size is a multiple of the chunk (so is K), one (scale, zero) per tile and
+ * chunk; else one per half chunk (32 k), and the last chunk may be half beyond K.
+ *
+ * XS (dense passes of 1 or 2 rows): the CTA first copies its slice of the rows of x into
+ * shared memory (xsl), and the warps take x from there. Read from global memory one chunk
+ * ahead, x mostly came from L2 (ncu: 9% L1 hits) and cost a fifth of gate_up's time
+ * (bench-gemv with x not loaded: 22.8 against 28.0 us, PERF.md, fourth session). */
+template <bool HI, bool G64, bool XS>
 __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
-        uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
-        float (*red)[AWQ_NT][8][32])
+        uint32_t tile0, uint32_t c0, uint32_t c1, uint32_t w0, uint32_t w1, uint32_t p0,
+        uint32_t pr, __half *xsl, float (*red)[AWQ_NT][8][32])
 {
         constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -254,15 +266,24 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                                                                     : make_uint2(0, 0);
                 }
         };
+        const uint32_t xs_row = awq_xs_row(c1 - c0);
         auto load_x = [&](uint2 (*xd)[4], uint32_t ch) {
-#pragma unroll
-                for (int h = 0; h < H; h++) {
-                        const __half *p = xr[h] + (size_t) ch * AWQ_KC;
+                if (XS) {
+                        const __half *p = xsl + (g < pr ? g : 0) * xs_row +
+                                          (ch - c0) * AWQ_KC + 4 * t;
 #pragma unroll
                         for (int j = 0; j < 4; j++)
-                                xd[h][j] = G64 || ch * AWQ_KC + 16 * j < a.K
-                                        ? *(const uint2 *) (p + 16 * j)
-                                        : make_uint2(0, 0);
+                                xd[0][j] = *(const uint2 *) (p + 16 * j);
+                } else {
+#pragma unroll
+                        for (int h = 0; h < H; h++) {
+                                const __half *p = xr[h] + (size_t) ch * AWQ_KC;
+#pragma unroll
+                                for (int j = 0; j < 4; j++)
+                                        xd[h][j] = G64 || ch * AWQ_KC + 16 * j < a.K
+                                                ? *(const uint2 *) (p + 16 * j)
+                                                : make_uint2(0, 0);
+                        }
                 }
         };
         auto compute = [&](int i, uint2 (*xq)[4]) {
@@ -280,6 +301,18 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                                 load(i, w0 + i);
         }
         pdl_wait();
+        if (XS) {
+                /* 16-byte pieces of the pass's rows over the slice; beyond K, zeros */
+                uint32_t per_row = (c1 - c0) * AWQ_KC / 8;
+                for (uint32_t i = threadIdx.x; i < pr * per_row; i += blockDim.x) {
+                        uint32_t r = i / per_row, k = c0 * AWQ_KC + 8 * (i % per_row);
+                        cp_async16(xsl + r * xs_row + 8 * (i % per_row),
+                                a.x + (size_t) (p0 + r) * a.ldx + (k < a.K ? k : 0), k < a.K);
+                }
+                cp_async_commit();
+                cp_async_wait<0>();
+                __syncthreads();
+        }
         if (w0 < w1)
                 load_x(xb[0], w0);
         /* D is even: stage i's x is xb[i % 2] on every round */
@@ -300,10 +333,11 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
         awq_store<H>(a, c, tile0, p0, pr, red);
 }
 
-template <bool HI, bool G64>
+template <bool HI, bool G64, bool XS>
 __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(const AwqArgs a)
 {
         __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        extern __shared__ __align__(16) __half awq_xsl[];
         if (a.ids || a.off || a.list)
                 pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z, r0 = 0, r1 = a.rows;
@@ -319,8 +353,8 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         for (uint32_t p0 = r0; p0 < r1; p0 += HI ? 16 : 8)
-                awq_pass<HI, G64>(a, qw, sz, tile0, w0, w1, p0, min(HI ? 16u : 8u, r1 - p0),
-                        red);
+                awq_pass<HI, G64, XS>(a, qw, sz, tile0, c0, c1, w0, w1, p0,
+                        min(HI ? 16u : 8u, r1 - p0), awq_xsl, red);
 }
 
 /* HI: passes of 16 rows, else of 8. */
@@ -335,9 +369,20 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                 l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
-        auto k = hi ? (g64 ? k_gemv_awq<true, true> : k_gemv_awq<true, false>)
-                    : (g64 ? k_gemv_awq<false, true> : k_gemv_awq<false, false>);
-        k<<<grid, AWQ_KW * 32, 0, st>>>(a);
+        auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
+                    : (g64 ? k_gemv_awq<false, true, false> : k_gemv_awq<false, false, false>);
+        /* x through shared memory for dense passes of 1 or 2 rows, in 16-byte pieces, where
+         * the slice is long enough to repay the copy (7B gate_up and down, 56 and 60 chunks:
+         * 13% and 11% faster; qkv and o, 14 and 12 chunks: 4% slower) and fits in the 48 KB a
+         * launch may take without opting in */
+        uint32_t slice = div_up(a.chunks, a.splits);
+        size_t xs = (size_t) rows * awq_xs_row(slice) * 2;
+        bool use_xs = !hi && !off && !list && rows <= 2 && slice >= 32 && ldx % 8 == 0 &&
+                      (uintptr_t) x % 16 == 0 &&
+                      xs <= 48 * 1024 - sizeof(float) * AWQ_KW * AWQ_NT * 8 * 32;
+        if (use_xs)
+                k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
+        k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -742,7 +787,7 @@ void cu_awq_sizes(uint32_t in, uint32_t out, uint32_t group_size, size_t *qw_byt
 uint32_t cu_awq_splits(int n_sm, uint32_t n, uint32_t k, uint32_t matrices)
 {
         int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_awq<false, true>,
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_awq<false, true, false>,
                     AWQ_KW * 32, 0) != cudaSuccess ||
                 per_sm < 1)
                 per_sm = 1;
