@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The CUDA linear paths against cpu_linear on random weights and inputs: the INT4 GEMV
- * (1..16 rows, in passes of 8), the dequantize + cuBLAS path (more rows), and the dense
+ * (1..16 rows, in passes of 8; at 1 and 2 rows over long K slices with x in shared
+ * memory), the dequantize + cuBLAS path (more rows), and the dense
  * FP16 paths, on shapes that are not multiples of the kernels' tiles. Tolerance: relative
  * error 3e-3 (the GPU rounds x, and on the cuBLAS path the weights, to FP16). */
 #include "cpu_linear.h"
@@ -42,6 +43,9 @@ int main(void)
                 {true, 384, 200, 128, BK_DT_F16},
                 {true, 3584, 520, 128, BK_DT_F16},
                 {true, 1216, 96, 64, BK_DT_F16},
+                /* slices of 32 chunks: x through shared memory at 1 and 2 rows */
+                {true, 16384, 200, 128, BK_DT_F16},
+                {true, 16384, 72, 32, BK_DT_F16},
                 {false, 172, 64, 0, BK_DT_F32},
                 {false, 64, 174, 0, BK_DT_F32},
                 {false, 512, 1000, 0, BK_DT_F16},
