@@ -202,6 +202,18 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
         __syncthreads(); /* red is reused by the next pass */
 }
 
+/* The CTA's K slice [c0, c1) of chunks (blockIdx.y of a.splits) and its warp's part [w0,
+ * w1) of it. */
+__device__ __forceinline__ void awq_slice(const AwqArgs &a, uint32_t *c0, uint32_t *c1,
+        uint32_t *w0, uint32_t *w1)
+{
+        uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
+        *c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
+        *c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        *w0 = *c0 + (*c1 - *c0) * warp / AWQ_KW;
+        *w1 = *c0 + (*c1 - *c0) * (warp + 1) / AWQ_KW;
+}
+
 /* Halves per row of x a CTA keeps in shared memory (XS passes): the slice's k and 16 of
  * padding, so that the two rows' fragments of a warp's load fall in distinct banks. */
 __host__ __device__ static inline uint32_t awq_xs_row(uint32_t slice_chunks)
@@ -345,11 +357,8 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
                 r0 = a.off[blockIdx.z];
                 r1 = a.off[blockIdx.z + 1];
         }
-        uint32_t tile0 = blockIdx.x * AWQ_NT;
-        uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
-        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
-        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
-        uint32_t w0 = c0 + (c1 - c0) * warp / AWQ_KW, w1 = c0 + (c1 - c0) * (warp + 1) / AWQ_KW;
+        uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
+        awq_slice(a, &c0, &c1, &w0, &w1);
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         for (uint32_t p0 = r0; p0 < r1; p0 += HI ? 16 : 8)
@@ -518,14 +527,11 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 4) k_gemv_experts(const AwqArgs a
         pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;
         uint32_t r0 = a.off[blockIdx.z], r1 = a.off[blockIdx.z + 1];
-        uint32_t tile0 = blockIdx.x * AWQ_NT;
-        uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
-        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
-        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
-        uint32_t w0 = c0 + (c1 - c0) * warp / AWQ_KW, w1 = c0 + (c1 - c0) * (warp + 1) / AWQ_KW;
+        uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
+        awq_slice(a, &c0, &c1, &w0, &w1);
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
-        char *stages = awq_stages + warp * AWQ_ES * awq_stage_bytes(G64);
+        char *stages = awq_stages + threadIdx.x / 32 * AWQ_ES * awq_stage_bytes(G64);
         for (uint32_t p0 = r0; p0 < r1; p0 += 8)
                 awq_pass_staged<G64>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0), stages,
                         red);
