@@ -129,6 +129,9 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint2 b)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
+/* One warp's sums of a pass, as awq_store gathers them: by tile, register and lane. */
+typedef float AwqRed[AWQ_NT][8][32];
+
 /* c[h] (rows 8h..8h+7 of tile's columns) += one chunk of one tile: its weight piece v, its
  * scale records r (one per Q-th of the chunk) and the pass's x fragments xq. */
 template <int H, int Q>
@@ -167,7 +170,7 @@ __device__ __forceinline__ void awq_tile(uint4 v, const uint2 *r, const uint2 (*
  * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1. */
 template <int H>
 __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
-        uint32_t p0, uint32_t pr, float (*red)[AWQ_NT][8][32])
+        uint32_t p0, uint32_t pr, AwqRed *red)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -233,7 +236,7 @@ __host__ __device__ static inline uint32_t awq_xs_row(uint32_t slice_chunks)
 template <bool HI, bool G64, bool XS>
 __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
         uint32_t tile0, uint32_t c0, uint32_t c1, uint32_t w0, uint32_t w1, uint32_t p0,
-        uint32_t pr, __half *xsl, float (*red)[AWQ_NT][8][32])
+        uint32_t pr, __half *xsl, AwqRed *red)
 {
         constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -348,7 +351,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 template <bool HI, bool G64, bool XS>
 __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(const AwqArgs a)
 {
-        __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        __shared__ AwqRed red[AWQ_KW];
         extern __shared__ __align__(16) __half awq_xsl[];
         if (a.ids || a.off || a.list)
                 pdl_wait(); /* the experts and their rows come from the routing */
@@ -388,7 +391,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         size_t xs = (size_t) rows * awq_xs_row(slice) * 2;
         bool use_xs = !hi && !off && !list && rows <= 2 && slice >= 32 && ldx % 8 == 0 &&
                       (uintptr_t) x % 16 == 0 &&
-                      xs <= 48 * 1024 - sizeof(float) * AWQ_KW * AWQ_NT * 8 * 32;
+                      xs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
         if (use_xs)
                 k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
         k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
@@ -418,18 +421,10 @@ __host__ __device__ constexpr uint32_t awq_stage_bytes(bool g64)
 static_assert(AWQ_KW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
         "the expert GEMV's stages need no opt-in");
 
-/* An 8-byte cp.async (scale records); zeros where !valid. */
-__device__ __forceinline__ void cp_async8(void *dst, const void *src, bool valid)
-{
-        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
-        int n = valid ? 8 : 0;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-
 template <bool G64>
 __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *qw,
         const uint2 *sz, uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
-        char *stages, float (*red)[AWQ_NT][8][32])
+        char *stages, AwqRed *red)
 {
         constexpr int Q = G64 ? 1 : 2, S = AWQ_ES;
         constexpr uint32_t WB = AWQ_NT * 512, SB = Q * AWQ_NT * 64, SBYTES = awq_stage_bytes(G64);
@@ -522,7 +517,7 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 template <bool G64>
 __global__ void __launch_bounds__(AWQ_KW * 32, 4) k_gemv_experts(const AwqArgs a)
 {
-        __shared__ float red[AWQ_KW][AWQ_NT][8][32];
+        __shared__ AwqRed red[AWQ_KW];
         extern __shared__ __align__(16) char awq_stages[];
         pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;

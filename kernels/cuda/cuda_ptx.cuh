@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The PTX the tensor-core kernels share (flash prefill, the grouped expert GEMM, MLA):
- * cp.async into shared memory, ldmatrix, mma.sync m16n8k16 with fp32 accumulation, and
- * the FP16 pair <-> word casts. Internal to kernels/cuda. */
+/* The PTX the kernels share: cp.async into shared memory, ldmatrix, mma.sync m16n8k16 with
+ * fp32 accumulation, the FP16 pair <-> word casts, L2-only loads, and the controls of
+ * programmatic dependent launch. Internal to kernels/cuda. */
 #pragma once
 
 #include <cuda_fp16.h>
@@ -23,6 +23,14 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool vali
         uint32_t s = (uint32_t) __cvta_generic_to_shared(dst);
         int n = valid ? 16 : 0;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
+}
+
+/* An 8-byte cp.async (cached in L1 too: .cg takes 16 bytes only); zeros where !valid. */
+__device__ __forceinline__ void cp_async8(void *dst, const void *src, bool valid)
+{
+        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
+        int n = valid ? 8 : 0;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
 }
 
 __device__ __forceinline__ void cp_async_commit()
