@@ -1378,7 +1378,7 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
                 it[0] = r;
                 it[1] = k * chunk;
                 it[2] = MIN((k + 1) * chunk, pos + 1);
-                it[3] = 0;
+                it[3] = s->pos;
         }
         p->n_items += items;
         if (flash) {

@@ -848,6 +848,7 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
                         if (c0 + lane / 4 + 8 * i < c1)
                                 prefetch_l2(wp + c0 + lane / 4 + 8 * i);
         pdl_wait();
+        pdl_trigger();
         if (4 * g >= N)
                 return;
         float acc[M];

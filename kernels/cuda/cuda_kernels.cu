@@ -491,7 +491,6 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
         uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, uint32_t kl, uint32_t vl, float scale,
         float *acc_out, float2 *ml_out)
 {
-        pdl_wait();
         extern __shared__ float4 sh4[];
         uint32_t g = n_heads / n_kv_heads, kvh = blockIdx.y, kv_dim = n_kv_heads * hd;
         uint32_t shares = ATT_THREADS / vl;
@@ -505,17 +504,14 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
         uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32;
 
         for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-                int4 item = items[it]; /* row, first position, end position */
+                /* row, first position, end position, first position the step writes */
+                int4 item = items[it];
                 uint32_t row = (uint32_t) item.x, t0 = (uint32_t) item.y;
                 uint32_t n = (uint32_t) (item.z - item.y);
+                /* positions i >= fresh are this step's, written by the predecessor */
+                uint32_t fresh = (uint32_t) max(item.w - item.y, 0);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                {
-                        const float4 *q4 = (const float4 *) (q + (size_t) row * n_heads * hd +
-                                                             (size_t) kvh * g * hd);
-                        for (uint32_t i = t; i < g * hd / 4; i += ATT_THREADS)
-                                sh4[i] = q4[i];
-                }
                 if (t < n) {
                         uint32_t p = t0 + t;
                         uint32_t block = meta[row_bt[row] + p / bt_tokens];
@@ -523,21 +519,56 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                 }
                 __syncthreads();
 
-                if (n <= ATT_SPLIT_MAX) {
-                        /* lane group pp of kl lanes takes positions pp, pp + per, ...; lane li
-                         * of the group dimensions 8li..8li+8, all its loads issued first */
-                        uint32_t li = t % kl, pp = t / kl, per = ATT_THREADS / kl;
-                        bool live = 8 * li < hd;
-                        uint4 kv[ATT_SPLIT_MAX / 4];
+                /* The keys and the first values of earlier steps' positions load before
+                 * the wait on the kernel that writes the queries and this step's keys, so
+                 * that the memory round trip overlaps it; this step's load after it. */
+                uint32_t li = t % kl, pp = t / kl, per = ATT_THREADS / kl;
+                bool live = 8 * li < hd, split = n <= ATT_SPLIT_MAX;
+                uint4 kv[ATT_SPLIT_MAX / 4];
 #pragma unroll
-                        for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
-                                uint32_t i = pp + r * per;
-                                if (r * per < ATT_SPLIT_MAX && i < n && live)
-                                        kv[r] = ld_cg((const uint4 *) (k_cache +
-                                                (size_t) slot_s[i] * kv_dim + kvh * hd) + li);
-                                else
-                                        kv[r] = make_uint4(0, 0, 0, 0);
-                        }
+                for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
+                        uint32_t i = pp + r * per;
+                        kv[r] = make_uint4(0, 0, 0, 0);
+                        if (split && r * per < ATT_SPLIT_MAX && i < min(n, fresh) && live)
+                                kv[r] = ld_cg((const uint4 *) (k_cache + (size_t) slot_s[i] * kv_dim +
+                                                               kvh * hd) + li);
+                }
+                uint32_t vi = t % vl, share = t / vl;
+                uint32_t vper = (n + shares - 1) / shares;
+                uint32_t i0 = share * vper, i1 = min(n, i0 + vper);
+                bool vlive = 4 * vi < hd;
+                const uint2 *v4 = (const uint2 *) (v_cache + kvh * hd) + vi;
+                uint2 u[8];
+#pragma unroll
+                for (uint32_t j = 0; j < 8; j++)
+                        u[j] = vlive && i0 + j < min(i1, fresh)
+                                       ? ld_cg(v4 + (size_t) slot_s[i0 + j] * (kv_dim / 4))
+                                       : make_uint2(0, 0);
+                pdl_wait();
+                if (it == blockIdx.x)
+                        pdl_trigger();
+                {
+                        const float4 *q4 = (const float4 *) (q + (size_t) row * n_heads * hd +
+                                                             (size_t) kvh * g * hd);
+                        for (uint32_t i = t; i < g * hd / 4; i += ATT_THREADS)
+                                sh4[i] = q4[i];
+                }
+#pragma unroll
+                for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
+                        uint32_t i = pp + r * per;
+                        if (split && r * per < ATT_SPLIT_MAX && i >= fresh && i < n && live)
+                                kv[r] = ld_cg((const uint4 *) (k_cache + (size_t) slot_s[i] * kv_dim +
+                                                               kvh * hd) + li);
+                }
+#pragma unroll
+                for (uint32_t j = 0; j < 8; j++)
+                        if (vlive && i0 + j >= fresh && i0 + j < i1)
+                                u[j] = ld_cg(v4 + (size_t) slot_s[i0 + j] * (kv_dim / 4));
+                __syncthreads();
+
+                if (split) {
+                        /* lane group pp of kl lanes takes positions pp, pp + per, ...; lane li
+                         * of the group dimensions 8li..8li+8, its loads issued above */
 #pragma unroll
                         for (uint32_t r = 0; r < ATT_SPLIT_MAX / 4; r++) {
                                 if (r * per >= n) /* uniform over the block */
@@ -562,15 +593,15 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
                                 sc[h] = 0.0f;
                         for (uint32_t d8 = 0; d8 < hd / 8; d8 += 2) {
-                                uint4 u[2];
-                                u[0] = ld_cg(k8 + d8);
-                                u[1] = d8 + 1 < hd / 8 ? ld_cg(k8 + d8 + 1) : make_uint4(0, 0, 0, 0);
+                                uint4 ku[2];
+                                ku[0] = ld_cg(k8 + d8);
+                                ku[1] = d8 + 1 < hd / 8 ? ld_cg(k8 + d8 + 1) : make_uint4(0, 0, 0, 0);
 #pragma unroll
                                 for (uint32_t v = 0; v < 2; v++) {
                                         if (d8 + v >= hd / 8)
                                                 break;
                                         float kf[8];
-                                        h8_to_f(u[v], kf);
+                                        h8_to_f(ku[v], kf);
                                         uint32_t d = 8 * (d8 + v);
 #pragma unroll
                                         for (uint32_t h = 0; h < ATT_GROUP_MAX; h++) {
@@ -608,23 +639,20 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                 __syncthreads();
 
                 /* weighted values: lane vi of a share takes dimensions 4vi..4vi+4 for every
-                 * head over the share's consecutive positions, eight loads in flight */
-                uint32_t vi = t % vl, share = t / vl;
-                uint32_t vper = (n + shares - 1) / shares;
-                uint32_t i0 = share * vper, i1 = min(n, i0 + vper);
-                bool vlive = 4 * vi < hd;
+                 * head over the share's consecutive positions, eight loads in flight (the
+                 * first eight issued above) */
                 float4 acc[ATT_GROUP_MAX];
 #pragma unroll
                 for (uint32_t h = 0; h < ATT_GROUP_MAX; h++)
                         acc[h] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 if (vlive) {
-                        const uint2 *v4 = (const uint2 *) (v_cache + kvh * hd) + vi;
                         for (uint32_t b = i0; b < i1; b += 8) {
-                                uint2 u[8];
+                                if (b > i0)
 #pragma unroll
-                                for (uint32_t j = 0; j < 8; j++)
-                                        u[j] = b + j < i1 ? ld_cg(v4 + (size_t) slot_s[b + j] * (kv_dim / 4))
-                                                          : make_uint2(0, 0);
+                                        for (uint32_t j = 0; j < 8; j++)
+                                                u[j] = b + j < i1 ? ld_cg(v4 + (size_t) slot_s[b + j] *
+                                                                                       (kv_dim / 4))
+                                                                  : make_uint2(0, 0);
 #pragma unroll
                                 for (uint32_t j = 0; j < 8; j++) {
                                         if (b + j >= i1)

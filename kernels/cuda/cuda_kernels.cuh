@@ -38,7 +38,10 @@ typedef struct CuLinear {
 
 /* Where one step's metadata lives in the device buffer the host fills before each step
  * (the same buffer for eager runs and graph replays). meta[0] is the number of attention
- * work items and meta[1] their offset in uint32s from meta; the arrays below hold rows. */
+ * work items and meta[1] their offset in uint32s from meta, each item four int32s: its row,
+ * its first and end position, and the first position of the row's sequence that the step
+ * writes (earlier ones may be read before the wait on the kernel that writes the cache);
+ * the arrays below hold rows. */
 typedef struct CuMeta {
         const uint32_t *base;
         const int32_t *tokens;   /* (rows) */

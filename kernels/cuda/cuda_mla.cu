@@ -206,12 +206,13 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         uint32_t R, uint32_t rank, const float *inv_freq, float af, const uint4 *__restrict__ wk,
         __half *q, const CuMlaKv kv)
 {
-        pdl_wait();
         extern __shared__ uint4 smem[];
         uint32_t W = rank + R, qk = P + R, MG = rank / (16 * MLA_HW);
         uint32_t n_gemm = MG * H * ((rows + MLA_RB - 1) / MLA_RB);
 
         if (blockIdx.x >= n_gemm) {
+                pdl_wait();
+                pdl_trigger();
                 uint32_t r = blockIdx.x - n_gemm;
                 mla_kv_row(kv, r, pos[r], slot[r]);
                 return;
@@ -222,13 +223,16 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
         uint32_t KS = P / 16, mt = mg * MLA_HW + warp, LD = P + 8, P4 = P / 4, R4 = R / 4;
 
-        /* the warp's weight tiles first: in flight while the rows are staged */
+        /* the warp's weight tiles first, before the wait on the kernel that writes the
+         * partials: in flight while it ends and the rows are staged */
         uint4 a[MLA_KS_MAX];
         const uint4 *wa = wk + ((size_t) h * (rank / 16) + mt) * KS * 32 + lane;
 #pragma unroll
         for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++)
                 if (ks < KS)
                         a[ks] = __ldg(wa + ks * 32);
+        pdl_wait();
+        pdl_trigger();
 
         /* q_pe: quad i of the head's rows, by the head's MG blocks in turn */
         mla_quads(
@@ -314,7 +318,6 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *o_lat,
         const uint4 *__restrict__ wvt, uint32_t rows, uint32_t H, uint32_t rank, uint32_t Vd,
         __half *out)
 {
-        pdl_wait();
         extern __shared__ uint4 smem[];
         __shared__ float4 red[(MLA_HW - 1) * (MLA_RB / 8) * 32];
         uint32_t MT = Vd / 16, bi = blockIdx.x, mt = bi % MT, h = bi / MT % H;
@@ -329,6 +332,9 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_values(const __half *o_lat,
         for (uint32_t ks = 0; ks < MLA_KS_MAX / 2; ks++)
                 if (ks < KW)
                         a[ks] = __ldg(wa + ks * 32);
+        /* the weights above are in flight while the latent rows' producer ends */
+        pdl_wait();
+        pdl_trigger();
 
         __half *in_s = (__half *) smem;
         for (uint32_t i0 = threadIdx.x; i0 < nrt * 8 * units; i0 += 2 * MLA_LOADS * blockDim.x) {
@@ -502,7 +508,6 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
         uint32_t bt_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
         float *acc_out, float2 *ml_out)
 {
-        pdl_wait();
         extern __shared__ uint4 smem[];
         uint32_t W = rank + R, WS = W + 8; /* row stride of q_h and kv_s, in halves */
         uint32_t h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
@@ -520,15 +525,13 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
         uint32_t nt = rank / 32, d0 = warp * (rank / 4);
 
         for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
-                int4 item = items[it]; /* row, first position, end position */
+                /* row, first position, end position, first position the step writes */
+                int4 item = items[it];
                 uint32_t row = (uint32_t) item.x, t0 = (uint32_t) item.y;
                 uint32_t n = (uint32_t) (item.z - item.y);
+                uint32_t fresh = (uint32_t) max(item.w - item.y, 0);
 
                 __syncthreads(); /* the previous item's readers are done with shared memory */
-                /* the group's queries, zeros past hg heads; they complete with the first
-                 * chunk's group */
-                const __half *qg = q + ((size_t) row * H + h0) * W;
-                mla_rows(q_h, MLA_HEADS, hg, W, WS, [=](uint32_t r) { return qg + (size_t) r * W; });
                 for (uint32_t i = t; i < n; i += MLA_THREADS) {
                         uint32_t p = t0 + i;
                         uint32_t block = meta[row_bt[row] + p / bt_tokens];
@@ -544,7 +547,22 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
                         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
                 __syncthreads();
 
-                mla_stage(kv_b, cache, slot_s, 0, min((uint32_t) MLA_CHUNK, n), W, WS);
+                /* The first chunk's latent rows of earlier steps load before the wait on
+                 * the kernel that writes the queries and this step's rows, overlapping
+                 * it; then the group's queries (zeros past hg heads) and this step's rows
+                 * of the chunk, as a second group. */
+                uint32_t cn0 = min((uint32_t) MLA_CHUNK, n), pre = min(cn0, fresh);
+                mla_rows(kv_b, pre, pre, W, WS,
+                        [=](uint32_t r) { return cache + (size_t) slot_s[r] * W; });
+                cp_async_commit();
+                pdl_wait();
+                if (it == blockIdx.x)
+                        pdl_trigger();
+                const __half *qg = q + ((size_t) row * H + h0) * W;
+                mla_rows(q_h, MLA_HEADS, hg, W, WS, [=](uint32_t r) { return qg + (size_t) r * W; });
+                mla_rows(kv_b + pre * WS, MLA_CHUNK - pre, cn0 - pre, W, WS,
+                        [=](uint32_t r) { return cache + (size_t) slot_s[pre + r] * W; });
+                cp_async_commit();
                 for (uint32_t c0 = 0, ci = 0; c0 < n; c0 += MLA_CHUNK, ci++) {
                         uint32_t cn = min((uint32_t) MLA_CHUNK, n - c0);
                         const __half *kv_s = kv_b + (ci % 2) * MLA_CHUNK * WS;
