@@ -298,6 +298,8 @@ void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
                 idx, w, n_slots, ids, off, list);
 }
 
+#define MOE_COMBINE_LOADS 16
+
 __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
         size_t r_stride, const float *w, uint32_t top_k,
         const float *shared, uint32_t s_splits, size_t s_stride, uint32_t hidden,
@@ -308,13 +310,29 @@ __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
         uint32_t r = blockIdx.y;
         for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden;
                 i += gridDim.x * blockDim.x) {
-                float v = 0.0f;
-                for (uint32_t k = 0; k < top_k; k++) {
-                        size_t at = ((size_t) r * top_k + k) * hidden + i;
-                        float d = 0.0f;
-                        for (uint32_t s = 0; s < r_splits; s++)
-                                d += routed[s * r_stride + at];
-                        v += d * w[(size_t) r * top_k + k];
+                /* the (pair, slice) loads MOE_COMBINE_LOADS at a time, so that the block
+                 * waits on the memory once per batch, not once per load; the sums keep
+                 * the order slice by slice, pair by pair */
+                float v = 0.0f, d = 0.0f;
+                uint32_t total = top_k * r_splits;
+                for (uint32_t f0 = 0; f0 < total; f0 += MOE_COMBINE_LOADS) {
+                        float x[MOE_COMBINE_LOADS];
+#pragma unroll
+                        for (uint32_t u = 0; u < MOE_COMBINE_LOADS; u++) {
+                                uint32_t f = f0 + u, k = f / r_splits, s = f % r_splits;
+                                x[u] = f < total ? routed[s * r_stride +
+                                                          ((size_t) r * top_k + k) * hidden + i]
+                                                 : 0.0f;
+                        }
+#pragma unroll
+                        for (uint32_t u = 0; u < MOE_COMBINE_LOADS; u++) {
+                                uint32_t f = f0 + u, k = f / r_splits, s = f % r_splits;
+                                if (f >= total)
+                                        break;
+                                d = s == 0 ? x[u] : d + x[u];
+                                if (s + 1 == r_splits)
+                                        v += d * w[(size_t) r * top_k + k];
+                        }
                 }
                 if (shared) {
                         float d = 0.0f;
