@@ -746,9 +746,10 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
  * stay in registers from the maximum's pass. With FIRST > 0 (steps of few rows, whose
  * decode rows have many items, see att_chunk) the first FIRST items' partials load together
  * with them, so that the block waits on the memory once instead of twice: at the 7B shape,
- * batch 1, the combine's share of the step went from 6.4 to 4.1 us a layer. Steps of many
- * rows take FIRST = 0: their rows have a few items each, and the registers cost them
- * occupancy (V2-Lite batch 64 lost 2%). Both sum in item order: the same bits. */
+ * batch 1, the combine's share of the step's critical path went from 6.4 to 3.9 us a layer
+ * (kernel-trace.c). Steps of many rows take FIRST = 0: their rows have a few items each,
+ * and the registers cost them occupancy (V2-Lite batch 64 lost 2%). Both sum in item
+ * order: the same bits. */
 #define COMBINE_THREADS 128
 #define COMBINE_LOADS   16
 #define COMBINE_FIRST   48
