@@ -1,8 +1,9 @@
 #!/bin/sh
 # The GPU benchmark in one device command: builds with tools/device-build.sh, runs the gpu
-# suite (a failing check stops here), writes the synthetic checkpoints, benches them and
-# prints the tables last. Logs go to $OUT (or /tmp). Shapes: qwen2-7b deepseek-v2-lite by
-# default, qwen2-32b too with --full (decode batch 1 and prefill 2048 only: 78 GiB).
+# suite (a failing check stops here), writes the synthetic checkpoints, benches them, traces
+# their batch-1 step kernel by kernel (libkernel-trace.so) and prints the tables last. Logs
+# go to $OUT (or /tmp). Shapes: qwen2-7b deepseek-v2-lite by default, qwen2-32b too with
+# --full (decode batch 1 and prefill 2048 only: 78 GiB).
 #   tools/device-bench.sh [--full]
 set -u
 out=${OUT:-/tmp}
@@ -25,6 +26,14 @@ grep -E "^ *[0-9]+/[0-9]+ " "$out/gpu.log"
 [ $rc -eq 0 ] || { echo "gpu suite failed: $out/gpu.log"; exit 1; }
 $bench /tmp/q7 >"$out/bench-7b.log" 2>&1
 $bench /tmp/v2l >"$out/bench-v2l.log" 2>&1
+# each kernel's share of the batch-1 step's critical path (tests/bench/kernel-trace.c)
+trace=build-dev/tests/bench/libkernel-trace.so
+if [ -f $trace ]; then
+        for m in q7 v2l; do
+                DSD_BENCH_ONLY=b1 CUDA_INJECTION64_PATH=$trace $bench /tmp/$m >/dev/null \
+                        2>"$out/trace-$m.log"
+        done
+fi
 build-dev/daemon/dsd --model /tmp/v2l --backend cuda --generate "The capital of" \
         --max-tokens 16 2>&1 >/dev/null | tr '\r' '\n' | tail -1
 if [ $full = 1 ]; then
@@ -35,4 +44,5 @@ if [ $full = 1 ]; then
 fi
 tail -13 "$out/bench-7b.log"
 tail -13 "$out/bench-v2l.log"
+[ -f $trace ] && grep -h -A12 "^kernel-trace:" "$out/trace-q7.log" "$out/trace-v2l.log"
 echo "total: $(($(date +%s) - t0)) s"

@@ -3,12 +3,16 @@
 # unpacks the carried .deps/*.deb into a sysroot for the -dev libraries the machine lacks,
 # points pkg-config and the loader at it, configures BUILD_DIR (default build-dev) with
 # -Dcuda=enabled and shared_dir .device/shared (carry it), builds, then runs the remaining
-# arguments, if any, with the same environment:
-#   tools/device-build.sh [-C BUILD_DIR] [COMMAND ARGS...]
+# arguments, if any, with the same environment (-n: the environment only, no build):
+#   tools/device-build.sh [-n | -C BUILD_DIR] [COMMAND ARGS...]
 set -eu
 
 build=build-dev
-if [ "${1:-}" = "-C" ]; then
+env_only=0
+if [ "${1:-}" = "-n" ]; then
+        env_only=1
+        shift
+elif [ "${1:-}" = "-C" ]; then
         build=$2
         shift 2
 fi
@@ -23,6 +27,10 @@ fi
 export PKG_CONFIG_PATH="$sysroot/usr/lib/x86_64-linux-gnu/pkgconfig"
 export PKG_CONFIG_SYSROOT_DIR="$sysroot"
 export LD_LIBRARY_PATH="$sysroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ $env_only = 1 ]; then
+        exec "$@"
+fi
 
 if [ ! -f "$build/build.ninja" ]; then
         meson setup "$build" -Dcuda=enabled -Dshared_dir=.device/shared >"${OUT:-/tmp}/meson-setup.log" 2>&1 ||

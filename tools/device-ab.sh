@@ -1,0 +1,131 @@
+#!/bin/sh
+# Times git revisions against each other on the GPU device, in one device command, so that
+# noise shows: every revision runs in turn, round after round, on the same checkpoints.
+#
+# Here:  tools/device-ab.sh pack [LABEL=]REV ...
+#        writes .device/ab/LABEL.tgz for each revision (LABEL defaults to its short hash);
+#        the first is the base. The device has no .git, so revisions travel as archives.
+# There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N]
+#        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
+#        every revision side by side, writes the checkpoints (dsquant synth --shape S with
+#        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
+#        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill,
+#        a line per revision and round (default 2). Logs go to $OUT (or /tmp/ab).
+set -eu
+
+ab=.device/ab
+
+usage() {
+        sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+        exit 2
+}
+
+pack() {
+        [ $# -gt 0 ] || usage
+        rm -rf "$ab"
+        mkdir -p "$ab"
+        for spec in "$@"; do
+                rev=${spec#*=}
+                label=$(git rev-parse --short "$rev")
+                [ "$spec" != "$rev" ] && label=${spec%%=*}
+                git archive --format=tar.gz -o "$ab/$label.tgz" "$rev"
+                echo "$label" >>"$ab/order"
+                echo "$ab/$label.tgz: $(git log -1 --format='%h %s' "$rev" | cut -c1-70)"
+        done
+}
+
+# The figure bench-cuda printed for phase p (bN: ms per decode step, pN: ms per prompt).
+figure() {
+        case $2 in
+        b*) grep "| decode batch ${2#b}," "$1" ;;
+        p*) grep "| prefill ${2#p} " "$1" ;;
+        esac | cut -d'|' -f3 | awk '{print $1}'
+}
+
+run() {
+        shapes=qwen2-7b,deepseek-v2-lite
+        phases=b1,b8,b64
+        rounds=2
+        while [ $# -gt 0 ]; do
+                case $1 in
+                --shapes) shapes=$2 ;;
+                --phases) phases=$2 ;;
+                --rounds) rounds=$2 ;;
+                *) usage ;;
+                esac
+                shift 2
+        done
+        [ -f "$ab/order" ] || { echo "device-ab: no $ab/order: pack first"; exit 1; }
+        out=${OUT:-/tmp/ab}
+        work=/tmp/ab-work
+        root=$PWD
+        rm -rf "$work"
+        mkdir -p "$out" "$work"
+        labels=$(cat "$ab/order")
+        base=$(head -1 "$ab/order")
+
+        t0=$(date +%s)
+        for l in $labels; do
+                (
+                        mkdir -p "$work/src-$l"
+                        tar xzf "$ab/$l.tgz" -C "$work/src-$l"
+                        cd "$work/src-$l"
+                        meson setup "$work/build-$l" -Dcuda=enabled \
+                                -Dshared_dir="$root/.device/shared" >"$out/setup-$l.log" 2>&1 &&
+                                ninja -C "$work/build-$l" tests/bench/bench-cuda \
+                                        tools/dsquant/dsquant >"$out/ninja-$l.log" 2>&1 ||
+                                echo "device-ab: $l did not build: $out/ninja-$l.log"
+                ) &
+        done
+        wait
+        echo "builds: $(($(date +%s) - t0)) s"
+        for s in $(echo "$shapes" | tr ',' ' '); do
+                "$work/build-$base/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
+                        >"$out/synth-$s.log" 2>&1 &
+        done
+        wait
+        echo "checkpoints: $(($(date +%s) - t0)) s"
+
+        for r in $(seq "$rounds"); do
+                for l in $labels; do
+                        for s in $(echo "$shapes" | tr ',' ' '); do
+                                DSD_BENCH_ONLY=$phases "$work/build-$l/tests/bench/bench-cuda" \
+                                        "$work/ck-$s" >"$out/bench-$l-$s-$r.log" 2>&1 || true
+                        done
+                done
+        done
+        echo "benches: $(($(date +%s) - t0)) s"
+
+        for s in $(echo "$shapes" | tr ',' ' '); do
+                echo "$s (ms: decode per step, prefill per prompt)"
+                printf "%-12s %5s" revision round
+                for p in $(echo "$phases" | tr ',' ' '); do printf " %9s" "$p"; done
+                echo
+                for l in $labels; do
+                        for r in $(seq "$rounds"); do
+                                printf "%-12s %5s" "$l" "$r"
+                                for p in $(echo "$phases" | tr ',' ' '); do
+                                        v=$(figure "$out/bench-$l-$s-$r.log" "$p")
+                                        printf " %9s" "${v:--}"
+                                done
+                                echo
+                        done
+                done
+        done
+}
+
+case ${1:-} in
+pack)
+        shift
+        pack "$@"
+        ;;
+run)
+        shift
+        # the -dev libraries' sysroot and environment of device-build.sh, without its build
+        if [ -z "${DSD_AB_ENV:-}" ]; then
+                DSD_AB_ENV=1 exec tools/device-build.sh -n "$0" run "$@"
+        fi
+        run "$@"
+        ;;
+*) usage ;;
+esac
