@@ -80,16 +80,15 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
 #define ADD_NORM_CTAS    8
 #define ADD_NORM_THREADS 256
 #define ADD_NORM_PER     4
+#define ADD_NORM_LOADS   8 /* partial slices loaded at once */
 
 __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
                 const float *__restrict__ bias, const float *__restrict__ w, __half *xn,
                 uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
-        pdl_wait();
-        pdl_trigger();
         __shared__ float red[32];
-        __shared__ float ss_s;
+        __shared__ float ss_all[ADD_NORM_CTAS]; /* the blocks' sums of squares, by rank */
         cg::cluster_group cluster = cg::this_cluster();
         uint32_t c = cluster.block_rank(), chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
         uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
@@ -97,27 +96,40 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
         size_t row = (size_t) r * hidden;
         float y[ADD_NORM_PER], a[ADD_NORM_PER];
         float ss = 0.0f;
+        pdl_wait();
+        pdl_trigger();
 
+        /* the residual and up to ADD_NORM_LOADS slices at once: one wait on the memory for
+         * the usual split counts; the slices are added in order s = 0, 1, ... */
 #pragma unroll
-        for (uint32_t e = 0; e < ADD_NORM_PER; e++)
+        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
                 y[e] = 0.0f;
-        if (part) {
-#pragma unroll 4
-                for (uint32_t s = 0; s < splits; s++)
+                a[e] = i < hi ? x[row + i] : 0.0f;
+        }
+        for (uint32_t s0 = 0; part && s0 < splits; s0 += ADD_NORM_LOADS) {
+                float v[ADD_NORM_LOADS][ADD_NORM_PER];
+#pragma unroll
+                for (uint32_t s = 0; s < ADD_NORM_LOADS; s++)
 #pragma unroll
                         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                                 uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
-                                if (i < hi)
-                                        y[e] += part[s * slice_stride + row + i];
+                                v[s][e] = s0 + s < splits && i < hi
+                                                  ? part[(s0 + s) * slice_stride + row + i]
+                                                  : 0.0f;
                         }
+#pragma unroll
+                for (uint32_t s = 0; s < ADD_NORM_LOADS; s++)
+#pragma unroll
+                        for (uint32_t e = 0; e < ADD_NORM_PER; e++)
+                                if (s0 + s < splits)
+                                        y[e] += v[s][e];
         }
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                 uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
-                a[e] = 0.0f;
                 if (i < hi) {
                         /* The linear's own sum first, then the residual, as the CPU adds. */
-                        a[e] = x[row + i];
                         if (part)
                                 a[e] += bias ? y[e] + bias[i] : y[e];
                         if (write_res)
@@ -125,13 +137,16 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                         ss += a[e] * a[e];
                 }
         }
+        /* Each block writes its sum into every block's ss_all[c]: after the barrier all
+         * reads are local, so no block waits for the others to finish reading (a second
+         * barrier at the end, with the sums read remotely). */
         ss = block_sum(ss, red);
-        if (threadIdx.x == 0)
-                ss_s = ss;
+        if (threadIdx.x < ADD_NORM_CTAS)
+                *cluster.map_shared_rank(&ss_all[c], threadIdx.x) = ss;
         cluster.sync();
         float tot = 0.0f;
         for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
-                tot += *cluster.map_shared_rank(&ss_s, k);
+                tot += ss_all[k];
         float inv = 1.0f / sqrtf(tot / (float) hidden + eps);
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
@@ -139,7 +154,6 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 if (i < hi)
                         xn[(size_t) j * hidden + i] = __float2half(w[i] * (a[e] * inv));
         }
-        cluster.sync(); /* the others are done reading ss_s */
 }
 
 /* Steps of more than ADD_NORM_MANY rows (prefill): one block of ADD_NORM_GROUPS groups of
