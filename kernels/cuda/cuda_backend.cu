@@ -102,6 +102,16 @@ struct Backend {
         size_t n_lib, lib_cap;
         bool lib_lost;
         void *blas_ws;
+        /* The shared experts' lane (MoE models with shared experts, steps that run them as
+         * their own MLP): a second stream beside the routing and the routed experts, which
+         * need only the normed rows too, with its own cuBLAS handle and workspace (calls on
+         * two streams at once must not share one) and its own partial sums. */
+        cudaStream_t side;
+        cublasHandle_t side_blas;
+        void *side_ws;
+        cudaEvent_t fork, join;
+        cudaError_t side_err; /* the first failed fork or join since the last check */
+        float *spart;
 
         /* weights */
         __half *embed;
@@ -284,7 +294,8 @@ static void weights_free(Backend *b)
         awq_raw_free(b);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
-                b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y};
+                b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
+                b->spart};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
@@ -299,7 +310,7 @@ static void weights_free(Backend *b)
         b->xn = b->att = b->hb = b->w16 = NULL;
         b->ml = NULL;
         b->ids_d = NULL;
-        b->epart = b->edpart = b->rw = b->moe_y = NULL;
+        b->epart = b->edpart = b->rw = b->moe_y = b->spart = NULL;
         b->xq = b->olat = b->ehb = NULL;
         b->ridx = b->eids = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
@@ -616,6 +627,41 @@ static int sample_alloc(Backend *b, DsError *err)
         return 0;
 }
 
+static int side_lane(Backend *b, DsError *err)
+{
+        CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking), "shared experts' stream");
+        CU_TRY(cudaEventCreateWithFlags(&b->fork, cudaEventDisableTiming), "shared experts' fork");
+        CU_TRY(cudaEventCreateWithFlags(&b->join, cudaEventDisableTiming), "shared experts' join");
+        DALLOC(b->side_ws, BLAS_WS, "shared experts' cuBLAS workspace");
+        if (cublasCreate(&b->side_blas) != CUBLAS_STATUS_SUCCESS ||
+                cublasSetStream(b->side_blas, b->side) != CUBLAS_STATUS_SUCCESS ||
+                cublasSetWorkspace(b->side_blas, b->side_ws, BLAS_WS) != CUBLAS_STATUS_SUCCESS)
+                return ds_error(err, -EIO, "cuda backend: cuBLAS setup of the shared experts' lane failed");
+        return 0;
+}
+
+/* Swaps the shared experts' lane with the main one: linear() and the launchers take b->st
+ * and b->blas, so the shared experts' calls between two swaps go to the side stream. */
+static void swap_lane(Backend *b)
+{
+        cudaStream_t st = b->st;
+        cublasHandle_t h = b->blas;
+        b->st = b->side;
+        b->blas = b->side_blas;
+        b->side = st;
+        b->side_blas = h;
+}
+
+/* Stream `to` waits for what `from` has issued so far (an edge of the captured graph). */
+static void lane_wait(Backend *b, cudaEvent_t ev, cudaStream_t from, cudaStream_t to)
+{
+        cudaError_t e = cudaEventRecord(ev, from);
+        if (e == cudaSuccess)
+                e = cudaStreamWaitEvent(to, ev, 0);
+        if (e != cudaSuccess && b->side_err == cudaSuccess)
+                b->side_err = e;
+}
+
 static int scratch_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -677,6 +723,19 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->eoff, ((size_t) mc->n_routed + mc->n_shared + 1) * 4, "routing offsets");
                 DALLOC(b->eids, ((size_t) mc->n_routed + mc->n_shared) * 4, "routing slots");
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
+                if (mc->n_shared) {
+                        size_t sp = 0;
+                        for (uint32_t l = 0; l < c->n_layers; l++) {
+                                const CuLinear *sl[] = {&b->layers[l].s_gu, &b->layers[l].s_down};
+                                for (size_t i = 0; i < ELEMENTSOF(sl); i++)
+                                        sp = MAX(sp, MAX(R, (size_t) GEMV_MAX_ROWS * sl[i]->splits) *
+                                                        sl[i]->out);
+                        }
+                        DALLOC(b->spart, sp * 4, "shared experts' partial sums");
+                        int r = side_lane(b, err);
+                        if (r < 0)
+                                return r;
+                }
         }
 
         /* meta: header, eight arrays of rows, then items and block tables */
@@ -1178,7 +1237,7 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
          * depends on the bucket only. There, and up to 8 rows (one pass of the expert
          * GEMV), the shared experts' slices ride along with the routed experts as more
          * pairs at weight 1, three launches fewer; else they run as one MLP through
-         * linear(). */
+         * linear(), on a second stream beside the routing and the routed experts. */
         CuRoute rt = b->route;
         bool grouped = rows * mc->top_k >= 8 * mc->n_routed;
         rt.n_shared = rows <= 8 || grouped ? mc->n_shared : 0;
@@ -1189,6 +1248,28 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         bool few = !grouped && slots * 4 <= E;
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
+
+        /* the shared experts on every row, when not among the pairs: on the side lane,
+         * beside everything up to the combine */
+        const float *shared = NULL;
+        uint32_t ss = 0;
+        bool side = false;
+        if (mc->n_shared && !rt.n_shared) {
+                /* both lanes' cuBLAS calls would dequantize into b->w16 if the router were
+                 * an AWQ matrix without its FP16 copy: then the shared experts stay here */
+                side = !L->router.awq || L->router.w;
+                if (side) {
+                        lane_wait(b, b->fork, b->st, b->side);
+                        swap_lane(b);
+                }
+                uint32_t s = linear(b, &L->s_gu, b->xn, rows, b->spart);
+                cu_swiglu(b->st, b->spart, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
+                        L->s_gu.out / 2, b->hb);
+                ss = linear(b, &L->s_down, b->hb, rows, b->spart);
+                if (side)
+                        swap_lane(b);
+                shared = b->spart;
+        }
 
         /* router logits in float32, each row's experts and weights, pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
@@ -1202,16 +1283,8 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
                 mc->expert_dim, b->edpart, dstride);
 
-        /* the shared experts on every row, when not among the pairs */
-        const float *shared = NULL;
-        uint32_t ss = 0;
-        if (mc->n_shared && !rt.n_shared) {
-                s = linear(b, &L->s_gu, b->xn, rows, b->part);
-                cu_swiglu(b->st, b->part, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
-                        L->s_gu.out / 2, b->hb);
-                ss = linear(b, &L->s_down, b->hb, rows, b->part);
-                shared = b->part;
-        }
+        if (side)
+                lane_wait(b, b->join, b->side, b->st);
         cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, shared, ss,
                 (size_t) rows * H, rows, H, b->moe_y);
 }
@@ -1545,9 +1618,13 @@ static int tile_outputs(Backend *b, const Plan *p, const BkSeq *seqs, int32_t *r
 static int blas_check(Backend *b, DsError *err)
 {
         cublasStatus_t st = b->blas_status;
+        cudaError_t e = b->side_err;
         b->blas_status = CUBLAS_STATUS_SUCCESS;
+        b->side_err = cudaSuccess;
         if (st != CUBLAS_STATUS_SUCCESS)
                 return ds_error(err, -EIO, "cuda backend: cuBLAS: %s", cublasGetStatusString(st));
+        if (e != cudaSuccess)
+                return cuda_fail(err, e, "shared experts' stream");
         return 0;
 }
 
@@ -1596,7 +1673,8 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
  * loads it issues before the wait) overlap the predecessor's tail instead of following it.
  * Edges into the nodes cuBLAS added (noted during the capture: asking a library kernel
  * node for its function is an API error) stay full dependencies, as its kernels do not
- * wait for ours. */
+ * wait for ours; so do the edges into a node that waits on two lanes (the join of the
+ * shared experts' stream), the one place a node has more than one. */
 static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
 {
         size_t n = 0;
@@ -1613,8 +1691,10 @@ static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
         for (size_t i = 0; i < n && e == cudaSuccess; i++) {
                 cudaGraphNodeType type;
                 cudaGraphNodeType to_type;
+                size_t n_deps = 0;
                 if (ed[i].type != cudaGraphDependencyTypeDefault || is_lib_node(b, to[i]) ||
-                        cudaGraphNodeGetType(to[i], &to_type) != cudaSuccess ||
+                        cudaGraphNodeGetDependencies(to[i], NULL, NULL, &n_deps) != cudaSuccess ||
+                        n_deps != 1 || cudaGraphNodeGetType(to[i], &to_type) != cudaSuccess ||
                         to_type != cudaGraphNodeTypeKernel ||
                         cudaGraphNodeGetType(from[i], &type) != cudaSuccess ||
                         type != cudaGraphNodeTypeKernel)
@@ -1936,6 +2016,15 @@ static void cuda_free(Backend *b)
         free(b->lib_nodes);
         cudaFree(b->blas_ws);
         cudaStreamDestroy(b->st);
+        if (b->side_blas)
+                cublasDestroy(b->side_blas);
+        cudaFree(b->side_ws);
+        if (b->side)
+                cudaStreamDestroy(b->side);
+        if (b->fork)
+                cudaEventDestroy(b->fork);
+        if (b->join)
+                cudaEventDestroy(b->join);
         free(b);
 }
 
