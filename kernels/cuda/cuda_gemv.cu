@@ -407,7 +407,11 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * took 12-21% less time staged (bench-gemv, PERF.md, fourth session), where the dense 7B
  * shapes at one row did not gain. */
 
-#define AWQ_ES 4  /* stages per warp */
+/* Stages per warp: 3, and 6 CTAs an SM (64 registers a thread), not 4 and 4: more warps
+ * with fewer chunks each in flight took 2-3% off V2-Lite batch 1 and 8 and 1% off batch
+ * 64; 8 CTAs of 2 stages, or 5 of 4, did no better (docs/PERF.md, sixth session). */
+#define AWQ_ES     3
+#define AWQ_ES_CTA 6
 #define AWQ_XS 80 /* halves per x row of a stage: 64 and 16 of padding, so that the B loads
                    * of a half warp hit 32 distinct banks */
 
@@ -515,7 +519,7 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 }
 
 template <bool G64>
-__global__ void __launch_bounds__(AWQ_KW * 32, 4) k_gemv_experts(const AwqArgs a)
+__global__ void __launch_bounds__(AWQ_KW * 32, AWQ_ES_CTA) k_gemv_experts(const AwqArgs a)
 {
         __shared__ AwqRed red[AWQ_KW];
         extern __shared__ __align__(16) char awq_stages[];
