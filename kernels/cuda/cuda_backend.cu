@@ -627,16 +627,34 @@ static int sample_alloc(Backend *b, DsError *err)
         return 0;
 }
 
+/* Creates the shared experts' lane, or what a load before did not; it lives until
+ * cuda_free, across reloads. */
 static int side_lane(Backend *b, DsError *err)
 {
-        CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking), "shared experts' stream");
-        CU_TRY(cudaEventCreateWithFlags(&b->fork, cudaEventDisableTiming), "shared experts' fork");
-        CU_TRY(cudaEventCreateWithFlags(&b->join, cudaEventDisableTiming), "shared experts' join");
-        DALLOC(b->side_ws, BLAS_WS, "shared experts' cuBLAS workspace");
-        if (cublasCreate(&b->side_blas) != CUBLAS_STATUS_SUCCESS ||
-                cublasSetStream(b->side_blas, b->side) != CUBLAS_STATUS_SUCCESS ||
-                cublasSetWorkspace(b->side_blas, b->side_ws, BLAS_WS) != CUBLAS_STATUS_SUCCESS)
-                return ds_error(err, -EIO, "cuda backend: cuBLAS setup of the shared experts' lane failed");
+        if (!b->side)
+                CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking),
+                        "shared experts' stream");
+        if (!b->fork)
+                CU_TRY(cudaEventCreateWithFlags(&b->fork, cudaEventDisableTiming),
+                        "shared experts' fork");
+        if (!b->join)
+                CU_TRY(cudaEventCreateWithFlags(&b->join, cudaEventDisableTiming),
+                        "shared experts' join");
+        if (!b->side_ws)
+                DALLOC(b->side_ws, BLAS_WS, "shared experts' cuBLAS workspace");
+        if (b->side_blas)
+                return 0;
+        if (cublasCreate(&b->side_blas) != CUBLAS_STATUS_SUCCESS) {
+                b->side_blas = NULL;
+                return ds_error(err, -EIO, "cuda backend: no cuBLAS handle for the shared experts");
+        }
+        if (cublasSetStream(b->side_blas, b->side) != CUBLAS_STATUS_SUCCESS ||
+                cublasSetWorkspace(b->side_blas, b->side_ws, BLAS_WS) != CUBLAS_STATUS_SUCCESS) {
+                cublasDestroy(b->side_blas);
+                b->side_blas = NULL;
+                return ds_error(err, -EIO,
+                        "cuda backend: cuBLAS setup of the shared experts' lane failed");
+        }
         return 0;
 }
 
