@@ -5,12 +5,15 @@
 # Here:  tools/device-ab.sh pack [LABEL=]REV ...
 #        writes .device/ab/LABEL.tgz for each revision (LABEL defaults to its short hash);
 #        the first is the base. The device has no .git, so revisions travel as archives.
-# There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N]
+# There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
 #        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill,
-#        a line per revision and round (default 2). Logs go to $OUT (or /tmp/ab).
+#        a line per revision and round (default 2). --gpu: first builds the revisions
+#        labelled L in full and runs their gpu suite (a failure is reported, the timing
+#        goes on). The logs come back as $OUT/ab-logs.tgz (the run tool returns at most 8
+#        files); without $OUT they stay in /tmp/ab.
 set -eu
 
 ab=.device/ab
@@ -46,25 +49,43 @@ run() {
         shapes=qwen2-7b,deepseek-v2-lite
         phases=b1,b8,b64
         rounds=2
+        gpu=
         while [ $# -gt 0 ]; do
                 case $1 in
                 --shapes) shapes=$2 ;;
                 --phases) phases=$2 ;;
                 --rounds) rounds=$2 ;;
+                --gpu) gpu=$2 ;;
                 *) usage ;;
                 esac
                 shift 2
         done
         [ -f "$ab/order" ] || { echo "device-ab: no $ab/order: pack first"; exit 1; }
-        out=${OUT:-/tmp/ab}
+        out=/tmp/ab
         work=/tmp/ab-work
         root=$PWD
-        rm -rf "$work"
+        rm -rf "$work" "$out"
         mkdir -p "$out" "$work"
         labels=$(cat "$ab/order")
         base=$(head -1 "$ab/order")
 
         t0=$(date +%s)
+        for l in $(echo "$gpu" | tr ',' ' '); do
+                (
+                        mkdir -p "$work/full-$l/.device"
+                        tar xzf "$ab/$l.tgz" -C "$work/full-$l"
+                        cd "$work/full-$l"
+                        ln -s "$root/.deps" .deps
+                        ln -s "$root/.device/shared" .device/shared
+                        OUT=$out/full-$l && mkdir -p "$OUT" && export OUT
+                        tools/device-build.sh sh -c 'DSD_SHARED=$PWD/.device/shared \
+                                timeout 600 meson test -C build-dev --suite gpu -t 3 \
+                                --print-errorlogs' >"$out/gpu-$l.log" 2>&1
+                ) && echo "gpu suite of $l: passed" ||
+                        echo "device-ab: gpu suite of $l FAILED: $out/gpu-$l.log"
+                grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)" "$out/gpu-$l.log" || true
+        done
+        [ -n "$gpu" ] && echo "gpu suites: $(($(date +%s) - t0)) s"
         for l in $labels; do
                 (
                         mkdir -p "$work/src-$l"
@@ -112,6 +133,9 @@ run() {
                         done
                 done
         done
+        if [ -n "${OUT:-}" ]; then
+                tar czf "$OUT/ab-logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+        fi
 }
 
 case ${1:-} in
