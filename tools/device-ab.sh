@@ -70,18 +70,22 @@ run() {
         base=$(head -1 "$ab/order")
 
         t0=$(date +%s)
+        # the full builds side by side, then the suites one after the other (one GPU)
         for l in $(echo "$gpu" | tr ',' ' '); do
                 (
-                        mkdir -p "$work/full-$l/.device"
+                        mkdir -p "$work/full-$l/.device" "$out/full-$l"
                         tar xzf "$ab/$l.tgz" -C "$work/full-$l"
                         cd "$work/full-$l"
                         ln -s "$root/.deps" .deps
                         ln -s "$root/.device/shared" .device/shared
-                        OUT=$out/full-$l && mkdir -p "$OUT" && export OUT
-                        tools/device-build.sh sh -c 'DSD_SHARED=$PWD/.device/shared \
-                                timeout 600 meson test -C build-dev --suite gpu -t 3 \
-                                --print-errorlogs' >"$out/gpu-$l.log" 2>&1
-                ) && echo "gpu suite of $l: passed" ||
+                        OUT=$out/full-$l tools/device-build.sh true >"$out/full-$l/build.log" 2>&1
+                ) &
+        done
+        wait
+        for l in $(echo "$gpu" | tr ',' ' '); do
+                (cd "$work/full-$l" && DSD_SHARED=$PWD/.device/shared timeout 600 \
+                        meson test -C build-dev --suite gpu -t 3 --print-errorlogs) \
+                        >"$out/gpu-$l.log" 2>&1 && echo "gpu suite of $l: passed" ||
                         echo "device-ab: gpu suite of $l FAILED: $out/gpu-$l.log"
                 grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)" "$out/gpu-$l.log" || true
         done
