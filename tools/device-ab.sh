@@ -11,15 +11,15 @@
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
 #        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill,
 #        a line per revision and round (default 2). --gpu: first builds the revisions
-#        labelled L in full and runs their gpu suite (a failure is reported, the timing
-#        goes on). The logs come back as $OUT/ab-logs.tgz (the run tool returns at most 8
-#        files); without $OUT they stay in /tmp/ab.
+#        labelled L in full (their benches use those builds) and runs their gpu suites (a
+#        failure is reported, the timing goes on). The logs come back as $OUT/ab-logs.tgz
+#        (the run tool returns at most 8 files); without $OUT they stay in /tmp/ab.
 set -eu
 
 ab=.device/ab
 
 usage() {
-        sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
         exit 2
 }
 
@@ -35,6 +35,15 @@ pack() {
                 echo "$label" >>"$ab/order"
                 echo "$ab/$label.tgz: $(git log -1 --format='%h %s' "$rev" | cut -c1-70)"
         done
+}
+
+# Where revision $1's bench-cuda and dsquant are built: its full build when --gpu named it.
+bdir() {
+        if [ -d "$work/full-$1/build-dev" ]; then
+                echo "$work/full-$1/build-dev"
+        else
+                echo "$work/build-$1"
+        fi
 }
 
 # The figure bench-cuda printed for phase p (bN: ms per decode step, pN: ms per prompt).
@@ -91,6 +100,7 @@ run() {
         done
         [ -n "$gpu" ] && echo "gpu suites: $(($(date +%s) - t0)) s"
         for l in $labels; do
+                [ -d "$work/full-$l/build-dev" ] && continue
                 (
                         mkdir -p "$work/src-$l"
                         tar xzf "$ab/$l.tgz" -C "$work/src-$l"
@@ -105,7 +115,7 @@ run() {
         wait
         echo "builds: $(($(date +%s) - t0)) s"
         for s in $(echo "$shapes" | tr ',' ' '); do
-                "$work/build-$base/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
+                "$(bdir "$base")/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
                         >"$out/synth-$s.log" 2>&1 &
         done
         wait
@@ -114,7 +124,7 @@ run() {
         for r in $(seq "$rounds"); do
                 for l in $labels; do
                         for s in $(echo "$shapes" | tr ',' ' '); do
-                                DSD_BENCH_ONLY=$phases "$work/build-$l/tests/bench/bench-cuda" \
+                                DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
                                         "$work/ck-$s" >"$out/bench-$l-$s-$r.log" 2>&1 || true
                         done
                 done
