@@ -1042,8 +1042,9 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
 /* ---------------------------------------------------------------------------------------
  * The forward pass */
 
-/* The library-node bookkeeping of a capture (see pdl_edges). A step's stream has one
- * leaf while it is captured (it never forks); LIB_DEPS bounds what is kept of it. */
+/* The library-node bookkeeping of a capture (see pdl_edges). At a library call the stream
+ * it goes to has one leaf (the shared experts' lane forks after a kernel of ours and joins
+ * before one); LIB_DEPS bounds what is kept of it. */
 #define LIB_DEPS 4
 
 /* The capture's current leaves into deps; 0 when b->st is not being captured for
