@@ -44,6 +44,8 @@ extern "C" {
 
 /* Rows above which a linear goes through cuBLAS instead of the GEMV. */
 #define GEMV_MAX_ROWS 16
+/* Rows of one pass of the expert GEMV: an expert with more takes one slot per pass. */
+#define EXPERT_PASS 8
 /* Scratch bounds of one tile. */
 #define TILE_ROWS   2048u
 #define TILE_OUT    256u     /* rows whose logits one tile computes */
@@ -738,8 +740,10 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->ridx, pairs * 4, "routing");
                 DALLOC(b->rw, pairs * 4, "routing weights");
                 DALLOC(b->elist, pairs * 4, "routing lists");
-                DALLOC(b->eoff, ((size_t) mc->n_routed + mc->n_shared + 1) * 4, "routing offsets");
-                DALLOC(b->eids, ((size_t) mc->n_routed + mc->n_shared) * 4, "routing slots");
+                /* slots: the experts, plus one per EXPERT_PASS pairs when experts split */
+                size_t slots = (size_t) mc->n_routed + mc->n_shared + pairs / EXPERT_PASS;
+                DALLOC(b->eoff, (slots + 1) * 4, "routing offsets");
+                DALLOC(b->eids, slots * 4, "routing slots");
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
                 if (mc->n_shared) {
                         size_t sp = 0;
@@ -1265,6 +1269,13 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         /* K slices pay off while few experts are touched; with many, the experts alone fill
          * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
         bool few = !grouped && slots * 4 <= E;
+        /* One-slice expert GEMVs: an expert's pairs go in slots of one pass each, so that
+         * an expert of 9 to 16 rows runs its two passes in two CTAs side by side instead
+         * of one after the other in one; the grid is sized for the most slots that can
+         * take. */
+        uint32_t slot_rows = grouped || few ? 0 : EXPERT_PASS;
+        if (slot_rows)
+                slots = MIN(E + pairs / slot_rows, pairs);
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
@@ -1293,7 +1304,7 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
         /* router logits in float32, each row's experts and weights, pairs grouped by expert */
         uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
         cu_moe_route_group(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt,
-                rows, b->ridx, b->rw, slots, b->eids, b->eoff, b->elist);
+                rows, b->ridx, b->rw, slots, slot_rows, b->eids, b->eoff, b->elist);
 
         /* every pair's gate|up, swiglu, down */
         experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn, H, b->epart,

@@ -101,18 +101,22 @@ typedef struct CuRoute {
 void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t slice_stride,
         const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w);
 
-/* Groups the pairs p < n_pairs (p = row * top_k + k) by expert into the n_slots (at least
- * the touched experts) of cu_gemv_experts: the touched experts in ascending id in the first
- * slots (ids), their pairs' ranges of list (off, n_slots + 1), empty slots after them. The
- * order within an expert is not fixed; nothing depends on it. */
+/* Groups the pairs p < n_pairs (p = row * top_k + k) by expert into the n_slots of
+ * cu_gemv_experts: the touched experts in ascending id in the first slots (ids), their
+ * pairs' ranges of list (off, n_slots + 1), empty slots after them. slot_rows 0: one slot
+ * an expert (n_slots at least the touched experts); else an expert of c pairs takes
+ * ceil(c / slot_rows) slots in a row, slot_rows pairs each but the last (n_slots at least
+ * the touched experts plus n_pairs / slot_rows). The order within an expert is not fixed;
+ * nothing depends on it. */
 void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
-        uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list);
+        uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off, uint32_t *list);
 
 /* cu_moe_route then cu_moe_group over its pairs (rows * (top_k + n_shared) of n_routed +
  * n_shared experts), in one launch up to 8 rows. */
 void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
         size_t slice_stride, const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx,
-        float *w, uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list);
+        float *w, uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off,
+        uint32_t *list);
 
 /* y (rows, hidden) = sum over k of w[r][k] * (sum of the routed partials' slices of pair
  * r * top_k + k), then plus the shared experts' partials (NULL when none), in that order. */

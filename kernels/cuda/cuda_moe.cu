@@ -203,9 +203,10 @@ void cu_moe_route(cudaStream_t st, const float *logits, uint32_t splits, size_t 
 
 /* The block groups the pairs (see cu_moe_group): counts per expert, then warp 0 puts the
  * touched experts into the first slots in ascending id with their ranges of the list (a
- * scan over the counts), then each pair goes into its expert's range. */
+ * scan over the counts, and one over the slots each takes), then each pair goes into its
+ * expert's range. */
 __device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
-        uint32_t *ids, uint32_t *off, uint32_t *list)
+        uint32_t slot_rows, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
         __shared__ uint32_t cnt[ROUTE_MAX + 16], cur[ROUTE_MAX + 16];
         const uint32_t full = 0xffffffffu;
@@ -222,22 +223,25 @@ __device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
                 uint32_t lane = threadIdx.x, s = 0, j = 0;
                 for (uint32_t e0 = 0; e0 < E; e0 += 32) {
                         uint32_t e = e0 + lane, c = e < E ? cnt[e] : 0, inc = c;
+                        uint32_t ns = c == 0 ? 0 : slot_rows ? (c + slot_rows - 1) / slot_rows : 1;
+                        uint32_t sinc = ns;
 #pragma unroll
                         for (int o = 1; o < 32; o <<= 1) {
                                 uint32_t v = __shfl_up_sync(full, inc, o);
-                                if (lane >= (uint32_t) o)
+                                uint32_t w = __shfl_up_sync(full, sinc, o);
+                                if (lane >= (uint32_t) o) {
                                         inc += v;
+                                        sinc += w;
+                                }
                         }
-                        uint32_t mask = __ballot_sync(full, c > 0);
                         if (e < E)
                                 cnt[e] = s + inc - c;
-                        if (c > 0) {
-                                uint32_t at = j + __popc(mask & lanes_below(lane));
-                                ids[at] = e;
-                                off[at] = s + inc - c;
+                        for (uint32_t q = 0; q < ns; q++) {
+                                ids[j + sinc - ns + q] = e;
+                                off[j + sinc - ns + q] = s + inc - c + q * slot_rows;
                         }
                         s += __shfl_sync(full, inc, 31);
-                        j += __popc(mask);
+                        j += __shfl_sync(full, sinc, 31);
                 }
                 for (uint32_t i = j + lane; i < n_slots; i += 32) {
                         ids[i] = 0;
@@ -254,11 +258,11 @@ __device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
 }
 
 __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, uint32_t n_slots,
-        uint32_t *ids, uint32_t *off, uint32_t *list)
+        uint32_t slot_rows, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
         pdl_wait();
         pdl_trigger();
-        group_pairs(idx, n_pairs, E, n_slots, ids, off, list);
+        group_pairs(idx, n_pairs, E, n_slots, slot_rows, ids, off, list);
 }
 
 /* One block of a warp per row routes, then groups what it routed (idx is read back after
@@ -266,7 +270,7 @@ __global__ void k_moe_group(const uint32_t *idx, uint32_t n_pairs, uint32_t E, u
 __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route_group(
         const float *logits, uint32_t splits, size_t stride,
         const float *__restrict__ bias, CuRoute rt, uint32_t rows, uint32_t *idx, float *w,
-        uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
+        uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
         pdl_wait();
         pdl_trigger();
@@ -274,28 +278,30 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32) k_moe_route_group(
         if (r < rows)
                 route_row(logits, splits, stride, bias, rt, r, idx, w);
         __syncthreads();
-        group_pairs(idx, rows * (rt.top_k + rt.n_shared), rt.n_routed + rt.n_shared, n_slots, ids,
-                off, list);
+        group_pairs(idx, rows * (rt.top_k + rt.n_shared), rt.n_routed + rt.n_shared, n_slots,
+                slot_rows, ids, off, list);
 }
 
 void cu_moe_group(cudaStream_t st, const uint32_t *idx, uint32_t n_pairs, uint32_t n_experts,
-        uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
+        uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off, uint32_t *list)
 {
-        k_moe_group<<<1, 1024, 0, st>>>(idx, n_pairs, n_experts, n_slots, ids, off, list);
+        k_moe_group<<<1, 1024, 0, st>>>(idx, n_pairs, n_experts, n_slots, slot_rows, ids, off,
+                list);
 }
 
 void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
         size_t slice_stride, const float *bias, CuRoute rt, uint32_t rows, uint32_t *idx,
-        float *w, uint32_t n_slots, uint32_t *ids, uint32_t *off, uint32_t *list)
+        float *w, uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off,
+        uint32_t *list)
 {
         if (rows > ROUTE_WARPS) {
                 cu_moe_route(st, logits, splits, slice_stride, bias, rt, rows, idx, w);
                 cu_moe_group(st, idx, rows * (rt.top_k + rt.n_shared), rt.n_routed + rt.n_shared,
-                        n_slots, ids, off, list);
+                        n_slots, slot_rows, ids, off, list);
                 return;
         }
         k_moe_route_group<<<1, rows * 32, 0, st>>>(logits, splits, slice_stride, bias, rt, rows,
-                idx, w, n_slots, ids, off, list);
+                idx, w, n_slots, slot_rows, ids, off, list);
 }
 
 #define MOE_COMBINE_LOADS 16
