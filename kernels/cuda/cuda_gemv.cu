@@ -168,7 +168,7 @@ __device__ __forceinline__ void awq_tile(uint4 v, const uint2 *r, const uint2 (*
 
 /* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
  * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1. */
-template <int H>
+template <int H, int KW = AWQ_KW>
 __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
         uint32_t p0, uint32_t pr, AwqRed *red)
 {
@@ -191,7 +191,7 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                                 for (int r = 0; r < 4; r++) {
                                         float v = red[0][j][4 * h + r][lane];
 #pragma unroll
-                                        for (int w = 1; w < AWQ_KW; w++)
+                                        for (int w = 1; w < KW; w++)
                                                 v += red[w][j][4 * h + r][lane];
                                         uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
                                         uint32_t i = 8 * h + 2 * t + r % 2;
@@ -207,14 +207,15 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
 
 /* The CTA's K slice [c0, c1) of chunks (blockIdx.y of a.splits) and its warp's part [w0,
  * w1) of it. */
+template <int KW = AWQ_KW>
 __device__ __forceinline__ void awq_slice(const AwqArgs &a, uint32_t *c0, uint32_t *c1,
         uint32_t *w0, uint32_t *w1)
 {
         uint32_t s = blockIdx.y, warp = threadIdx.x / 32;
         *c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
         *c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
-        *w0 = *c0 + (*c1 - *c0) * warp / AWQ_KW;
-        *w1 = *c0 + (*c1 - *c0) * (warp + 1) / AWQ_KW;
+        *w0 = *c0 + (*c1 - *c0) * warp / KW;
+        *w1 = *c0 + (*c1 - *c0) * (warp + 1) / KW;
 }
 
 /* Halves per row of x a CTA keeps in shared memory (XS passes): the slice's k and 16 of
@@ -411,7 +412,13 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * with fewer chunks each in flight took 2-3% off V2-Lite batch 1 and 8 and 1% off batch
  * 64; 8 CTAs of 2 stages, or 5 of 4, did no better (docs/PERF.md, sixth session). */
 #define AWQ_ES     3
-#define AWQ_ES_CTA 6
+#define AWQ_ES_CTA 12
+/* Warps of an expert GEMV CTA, splitting its chunks: 2, not AWQ_KW, so that each warp
+ * walks twice the chunks per pass, and its fixed cost (row gathering, first loads, the
+ * sums meeting in shared memory) weighs half as much: at V2-Lite's 32 and 22 chunks a
+ * matrix, a pass was 8 or 5.5 chunks of 182 instructions a warp plus about 600 more (SASS,
+ * sixth session). */
+#define AWQ_EKW 2
 #define AWQ_XS 80 /* halves per x row of a stage: 64 and 16 of padding, so that the B loads
                    * of a half warp hit 32 distinct banks */
 
@@ -422,7 +429,7 @@ __host__ __device__ constexpr uint32_t awq_stage_bytes(bool g64)
 {
         return AWQ_NT * 512 + (g64 ? 1 : 2) * AWQ_NT * 64 + 8 * AWQ_XS * 2;
 }
-static_assert(AWQ_KW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
+static_assert(AWQ_EKW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
         "the expert GEMV's stages need no opt-in");
 
 template <bool G64>
@@ -515,19 +522,19 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
         }
         cp_async_wait<0>();
         pdl_trigger();
-        awq_store<1>(a, c, tile0, p0, pr, red);
+        awq_store<1, AWQ_EKW>(a, c, tile0, p0, pr, red);
 }
 
 template <bool G64>
-__global__ void __launch_bounds__(AWQ_KW * 32, AWQ_ES_CTA) k_gemv_experts(const AwqArgs a)
+__global__ void __launch_bounds__(AWQ_EKW * 32, AWQ_ES_CTA) k_gemv_experts(const AwqArgs a)
 {
-        __shared__ AwqRed red[AWQ_KW];
+        __shared__ AwqRed red[AWQ_EKW];
         extern __shared__ __align__(16) char awq_stages[];
         pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;
         uint32_t r0 = a.off[blockIdx.z], r1 = a.off[blockIdx.z + 1];
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
-        awq_slice(a, &c0, &c1, &w0, &w1);
+        awq_slice<AWQ_EKW>(a, &c0, &c1, &w0, &w1);
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         char *stages = awq_stages + threadIdx.x / 32 * AWQ_ES * awq_stage_bytes(G64);
@@ -552,7 +559,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = g64 ? k_gemv_experts<true> : k_gemv_experts<false>;
-        k<<<grid, AWQ_KW * 32, AWQ_KW * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
+        k<<<grid, AWQ_EKW * 32, AWQ_EKW * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
 }
 
 /* ---------------------------------------------------------------------------------------
