@@ -763,13 +763,16 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
  * batch 1, the combine's share of the step's critical path went from 6.4 to 3.9 us a layer
  * (kernel-trace.c). Steps of many rows take FIRST = 0: their rows have a few items each,
  * and the registers cost them occupancy (V2-Lite batch 64 lost 2%). Both sum in item
- * order: the same bits. */
+ * order: the same bits. With V = 4 (FIRST = 0, heads of a multiple of 4 COMBINE_THREADS
+ * dimensions: the MLA latent) a thread takes 4 neighbouring dimensions, copied 16 bytes
+ * at a time through shared memory, so a (row, head) is one block instead of four, with the
+ * same arithmetic per dimension. */
 #define COMBINE_THREADS 128
 #define COMBINE_LOADS   16
 #define COMBINE_FIRST   48
 #define COMBINE_FEW_ROWS 8
 
-template <uint32_t FIRST>
+template <uint32_t FIRST, uint32_t V>
 __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
         const float *acc, const float2 *ml, const uint2 *row_items,
         uint32_t n_heads, uint32_t hd, __half *out)
@@ -778,8 +781,10 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
         pdl_trigger();
         __shared__ float w_s[COMBINE_THREADS], l_s[COMBINE_THREADS];
         __shared__ float red[32];
+        __shared__ float4 v4_s[V == 4 ? COMBINE_LOADS : 1][COMBINE_THREADS];
         uint32_t r = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
-        uint32_t d = blockIdx.z * COMBINE_THREADS + t;
+        static_assert(V == 1 || (V == 4 && FIRST == 0), "4 dimensions a thread without FIRST");
+        uint32_t d = (blockIdx.z * COMBINE_THREADS + t) * V;
         uint2 ri = row_items[r];
 
         if (ri.y == 0)
@@ -803,7 +808,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
         for (uint32_t w = 0; w < COMBINE_THREADS / 32; w++)
                 m = fmaxf(m, red[w]);
 
-        float a = 0.0f, l = 0.0f;
+        float a[V] = {}, l = 0.0f;
         for (uint32_t c0 = 0; c0 < ri.y; c0 += COMBINE_THREADS) {
                 uint32_t nc = min((uint32_t) COMBINE_THREADS, ri.y - c0);
                 __syncthreads(); /* the previous chunk's readers are done */
@@ -824,29 +829,60 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
 #pragma unroll
                                 for (uint32_t j = 0; j < FIRST; j++)
                                         if (j < nc)
-                                                a += w_s[j] * v0[j];
+                                                a[0] += w_s[j] * v0[j];
                                 i = FIRST;
                         }
                 for (; i < nc; i += COMBINE_LOADS) {
-                        float v[COMBINE_LOADS];
+                        float v[COMBINE_LOADS][V];
+                        if constexpr (V == 4) {
+                                /* through shared memory by cp.async, each thread its own
+                                 * pieces, so that all the batch's loads are in flight at
+                                 * once (as plain loads the compiler kept two in flight) */
 #pragma unroll
-                        for (uint32_t j = 0; j < COMBINE_LOADS; j++)
-                                v[j] = i + j < nc ? ap[(i + j) * stride] : 0.0f;
+                                for (uint32_t j = 0; j < COMBINE_LOADS; j++)
+                                        if (i + j < nc)
+                                                cp_async16(&v4_s[j][t], ap + (size_t) (i + j) * stride,
+                                                        true);
+                                cp_async_commit();
+                                cp_async_wait<0>();
+#pragma unroll
+                                for (uint32_t j = 0; j < COMBINE_LOADS; j++) {
+                                        float4 x = i + j < nc ? v4_s[j][t]
+                                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                        v[j][0] = x.x;
+                                        v[j][1] = x.y;
+                                        v[j][2] = x.z;
+                                        v[j][3] = x.w;
+                                }
+                        } else {
+#pragma unroll
+                                for (uint32_t j = 0; j < COMBINE_LOADS; j++)
+                                        v[j][0] = i + j < nc ? ap[(i + j) * stride] : 0.0f;
+                        }
 #pragma unroll
                         for (uint32_t j = 0; j < COMBINE_LOADS; j++)
                                 if (i + j < nc)
-                                        a += w_s[i + j] * v[j];
+#pragma unroll
+                                        for (uint32_t k = 0; k < V; k++)
+                                                a[k] += w_s[i + j] * v[j][k];
                 }
         }
-        if (d < hd)
-                out[((size_t) r * n_heads + h) * hd + d] = __float2half(a / l);
+        if (d < hd) {
+                __half *o = out + ((size_t) r * n_heads + h) * hd + d;
+#pragma unroll
+                for (uint32_t k = 0; k < V; k++)
+                        o[k] = __float2half(a[k] / l);
+        }
 }
 
 void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, CuMeta meta,
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out)
 {
-        dim3 grid(rows, n_heads, div_up(head_dim, COMBINE_THREADS));
-        auto k = rows <= COMBINE_FEW_ROWS ? k_attention_combine<COMBINE_FIRST> : k_attention_combine<0>;
+        bool few = rows <= COMBINE_FEW_ROWS, vec = !few && head_dim % (4 * COMBINE_THREADS) == 0;
+        dim3 grid(rows, n_heads, div_up(head_dim, (vec ? 4 : 1) * COMBINE_THREADS));
+        auto k = few ? k_attention_combine<COMBINE_FIRST, 1>
+                 : vec ? k_attention_combine<0, 4>
+                       : k_attention_combine<0, 1>;
         k<<<grid, COMBINE_THREADS, 0, st>>>(acc, ml, meta.row_items, n_heads, head_dim, out);
 }
 

@@ -306,6 +306,11 @@ void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
 
 #define MOE_COMBINE_LOADS 16
 
+/* A thread takes V neighbouring columns (4 with 16-byte loads when hidden allows); each
+ * column's sum is the same either way. The pairs' weights load with their partials: read
+ * where they are used, each waited on the memory in turn (SASS: one load, then its four
+ * FFMAs, per pair). */
+template <uint32_t V>
 __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
         size_t r_stride, const float *w, uint32_t top_k,
         const float *shared, uint32_t s_splits, size_t s_stride, uint32_t hidden,
@@ -314,39 +319,57 @@ __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
         pdl_wait();
         pdl_trigger();
         uint32_t r = blockIdx.y;
-        for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < hidden;
-                i += gridDim.x * blockDim.x) {
+        for (uint32_t i = (blockIdx.x * blockDim.x + threadIdx.x) * V; i < hidden;
+                i += gridDim.x * blockDim.x * V) {
                 /* the (pair, slice) loads MOE_COMBINE_LOADS at a time, so that the block
                  * waits on the memory once per batch, not once per load; the sums keep
                  * the order slice by slice, pair by pair */
-                float v = 0.0f, d = 0.0f;
+                float v[V] = {}, d[V] = {};
                 uint32_t total = top_k * r_splits;
                 for (uint32_t f0 = 0; f0 < total; f0 += MOE_COMBINE_LOADS) {
-                        float x[MOE_COMBINE_LOADS];
+                        float x[MOE_COMBINE_LOADS][V], wk[MOE_COMBINE_LOADS];
 #pragma unroll
                         for (uint32_t u = 0; u < MOE_COMBINE_LOADS; u++) {
                                 uint32_t f = f0 + u, k = f / r_splits, s = f % r_splits;
-                                x[u] = f < total ? routed[s * r_stride +
-                                                          ((size_t) r * top_k + k) * hidden + i]
-                                                 : 0.0f;
+                                const float *p = routed + s * r_stride +
+                                                 ((size_t) r * top_k + k) * hidden + i;
+                                wk[u] = f < total && s + 1 == r_splits ? w[(size_t) r * top_k + k]
+                                                                       : 0.0f;
+                                if constexpr (V == 4) {
+                                        float4 q = f < total ? *(const float4 *) p
+                                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                                        x[u][0] = q.x;
+                                        x[u][1] = q.y;
+                                        x[u][2] = q.z;
+                                        x[u][3] = q.w;
+                                } else
+                                        x[u][0] = f < total ? *p : 0.0f;
                         }
 #pragma unroll
                         for (uint32_t u = 0; u < MOE_COMBINE_LOADS; u++) {
-                                uint32_t f = f0 + u, k = f / r_splits, s = f % r_splits;
+                                uint32_t f = f0 + u, s = f % r_splits;
                                 if (f >= total)
                                         break;
-                                d = s == 0 ? x[u] : d + x[u];
-                                if (s + 1 == r_splits)
-                                        v += d * w[(size_t) r * top_k + k];
+#pragma unroll
+                                for (uint32_t c = 0; c < V; c++) {
+                                        d[c] = s == 0 ? x[u][c] : d[c] + x[u][c];
+                                        if (s + 1 == r_splits)
+                                                v[c] += d[c] * wk[u];
+                                }
                         }
                 }
                 if (shared) {
-                        float d = 0.0f;
-                        for (uint32_t s = 0; s < s_splits; s++)
-                                d += shared[s * s_stride + (size_t) r * hidden + i];
-                        v += d;
+#pragma unroll
+                        for (uint32_t c = 0; c < V; c++) {
+                                float e = 0.0f;
+                                for (uint32_t s = 0; s < s_splits; s++)
+                                        e += shared[s * s_stride + (size_t) r * hidden + i + c];
+                                v[c] += e;
+                        }
                 }
-                y[(size_t) r * hidden + i] = v;
+#pragma unroll
+                for (uint32_t c = 0; c < V; c++)
+                        y[(size_t) r * hidden + i + c] = v[c];
         }
 }
 
@@ -354,7 +377,9 @@ void cu_moe_combine(cudaStream_t st, const float *routed, uint32_t r_splits, siz
         const float *w, uint32_t top_k, const float *shared, uint32_t s_splits, size_t s_stride,
         uint32_t rows, uint32_t hidden, float *y)
 {
-        dim3 grid(div_up(hidden, 128), rows);
-        k_moe_combine<<<grid, 128, 0, st>>>(routed, r_splits, r_stride, w, top_k, shared, s_splits,
-                s_stride, hidden, y);
+        bool vec = hidden % 4 == 0;
+        dim3 grid(div_up(hidden, 128 * (vec ? 4 : 1)), rows);
+        auto k = vec ? k_moe_combine<4> : k_moe_combine<1>;
+        k<<<grid, 128, 0, st>>>(routed, r_splits, r_stride, w, top_k, shared, s_splits, s_stride,
+                hidden, y);
 }
