@@ -50,6 +50,44 @@ __device__ uint32_t take_best(const float *v, const bool *taken, uint32_t n, uin
         return warp_argmax(bi == UINT32_MAX ? -FLT_MAX : bv, bi);
 }
 
+/* Top-k of choice (E <= 32 NI values in shared memory): expert e is taken when fewer than
+ * top_k experts rank above it (a larger choice value, or an equal one at a lower id), which
+ * is what top_k rounds of take_max take. Lane l ranks experts l + 32 i, all lanes at once;
+ * the taken go into ri in ascending id, their scores into sel. */
+template <int NI>
+__device__ __forceinline__ void take_top_k(const float *choice, const float *scores, uint32_t E,
+        uint32_t top_k, uint32_t lane, uint32_t *ri, float *sel)
+{
+        float cv[NI];
+        uint32_t rk[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+                uint32_t e = lane + 32 * i;
+                cv[i] = e < E ? choice[e] : 0.0f;
+                rk[i] = 0;
+        }
+#pragma unroll 4
+        for (uint32_t j = 0; j < E; j++) {
+                float v = choice[j];
+#pragma unroll
+                for (int i = 0; i < NI; i++)
+                        rk[i] += v > cv[i] || (v == cv[i] && j < lane + 32 * i);
+        }
+        uint32_t k = 0;
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+                uint32_t e = lane + 32 * i;
+                bool tk = e < E && rk[i] < top_k;
+                uint32_t mask = __ballot_sync(0xffffffffu, tk);
+                if (tk) {
+                        uint32_t at = k + __popc(mask & lanes_below(lane));
+                        ri[at] = e;
+                        sel[at] = scores[e];
+                }
+                k += __popc(mask);
+        }
+}
+
 /* The calling warp routes row r, following cpu_moe_route step by step. */
 __device__ void route_row(const float *logits, uint32_t splits, size_t stride,
         const float *__restrict__ bias, const CuRoute &rt, uint32_t r, uint32_t *idx, float *w)
@@ -123,45 +161,19 @@ __device__ void route_row(const float *logits, uint32_t splits, size_t stride,
                 __syncwarp();
         }
 
-        /* top-k: expert e is taken when fewer than top_k experts rank above it (a larger
-         * choice value, or an equal one at a lower id): what top_k rounds of take_max take.
-         * Lane l ranks experts l + 32 i, all lanes at once. */
-        float cv[ROUTE_MAX / 32];
-        uint32_t rk[ROUTE_MAX / 32];
-#pragma unroll
-        for (int i = 0; i < ROUTE_MAX / 32; i++) {
-                uint32_t e = lane + 32 * i;
-                cv[i] = e < E ? choice[e] : 0.0f;
-                rk[i] = 0;
-        }
-        for (uint32_t j = 0; j < E; j++) {
-                float v = choice[j];
-#pragma unroll
-                for (int i = 0; i < ROUTE_MAX / 32; i++) {
-                        if (32 * (uint32_t) i >= E)
-                                break;
-                        rk[i] += v > cv[i] || (v == cv[i] && j < lane + 32 * i);
-                }
-        }
-
-        /* the taken experts in ascending id, then the weights as the CPU computes them */
-        uint32_t K = rt.top_k + rt.n_shared, k = 0;
+        /* top-k, by the lane's NI columns of 32 experts (the count compiled in, so that the
+         * loop over experts compares only those) */
+        uint32_t K = rt.top_k + rt.n_shared;
         uint32_t *ri = idx + (size_t) r * K;
+        if (E <= 32)
+                take_top_k<1>(choice, scores, E, rt.top_k, lane, ri, sel);
+        else if (E <= 64)
+                take_top_k<2>(choice, scores, E, rt.top_k, lane, ri, sel);
+        else if (E <= 128)
+                take_top_k<4>(choice, scores, E, rt.top_k, lane, ri, sel);
+        else
+                take_top_k<ROUTE_MAX / 32>(choice, scores, E, rt.top_k, lane, ri, sel);
         float *rw = w + (size_t) r * K;
-#pragma unroll
-        for (int i = 0; i < ROUTE_MAX / 32; i++) {
-                if (32 * (uint32_t) i >= E)
-                        break;
-                uint32_t e = lane + 32 * i;
-                bool tk = e < E && rk[i] < rt.top_k;
-                uint32_t mask = __ballot_sync(full, tk);
-                if (tk) {
-                        uint32_t at = k + __popc(mask & lanes_below(lane));
-                        ri[at] = e;
-                        sel[at] = scores[e];
-                }
-                k += __popc(mask);
-        }
         __syncwarp();
         bool norm = rt.norm_topk_prob && (rt.topk_method == BK_TOPK_NOAUX_TC || rt.top_k > 1);
         float s = 0.0f;

@@ -320,9 +320,28 @@ int main(void)
                 {BK_ARCH_DEEPSEEK_V3, 256, 384, 2, 20, 300, 64, 192, 256, 64, 32, 64, 32, 1, 4, 64,
                         8, 3, BK_TOPK_NOAUX_TC, BK_SCORING_SIGMOID, true, 2.5f},
         };
+        /* the router alone at the full models' expert counts, which the small shapes above
+         * do not reach: each count of 32-expert columns a routing lane holds (1, 2, 4, 8)
+         * is compiled apart */
+        static const BkMoeConfig routers[] = {
+                /* DeepSeek-V3/R1: 256 experts in 8 groups, noaux_tc sigmoid with a bias */
+                {256, 1, 8, 64, 0, 1, 8, 4, BK_TOPK_NOAUX_TC, BK_SCORING_SIGMOID, true, 2.5f},
+                /* DeepSeek-V2: 160 experts in 8 groups, group-limited softmax */
+                {160, 2, 6, 64, 0, 1, 8, 3, BK_TOPK_GROUP_LIMITED_GREEDY, BK_SCORING_SOFTMAX,
+                        false, 16.0f},
+                /* an expert count that fills no column: 100, greedy */
+                {100, 0, 6, 64, 0, 1, 1, 1, BK_TOPK_GREEDY, BK_SCORING_SOFTMAX, false, 1.0f},
+        };
         double worst = 0;
 
         gpu_require();
+        for (size_t i = 0; i < ELEMENTSOF(routers); i++) {
+                float *bias = routers[i].topk_method == BK_TOPK_NOAUX_TC
+                                      ? rnd_f32(routers[i].n_routed, -0.1f, 0.1f)
+                                      : NULL;
+                check_routing(&routers[i], bias);
+                free(bias);
+        }
         for (size_t i = 0; i < ELEMENTSOF(shapes); i++) {
                 BkModel m = rnd_deepseek(&shapes[i]);
                 check_routing(&m.cfg.moe, m.layers[1].moe.score_bias.data
