@@ -53,37 +53,51 @@ static __device__ __forceinline__ float4 f4_add(float4 a, float4 b)
 /* sum_part four columns at a time: for the quads i = first, first + step, .. < n, put(i, v)
  * with v the sum over the slices, in slice order, of the four floats at offset at(i).x of
  * each slice, plus bias[at(i).y ..] when there is a bias. The (quad, slice) loads go
- * MLA_LOADS at a time whatever the slice count. Offsets and columns are multiples of 4. */
-template <typename At, typename Put>
-static __device__ __forceinline__ void mla_quads(const float *part, uint32_t splits,
+ * MLA_LOADS at a time whatever the slice count. Offsets and columns are multiples of 4.
+ * S: the slice count when compiled in (1, the common case from cuBLAS, costs no division
+ * per load), else 0. */
+template <uint32_t S, typename At, typename Put>
+static __device__ __forceinline__ void mla_quads_s(const float *part, uint32_t splits,
         size_t stride, const float *__restrict__ bias, uint32_t first, uint32_t step, uint32_t n,
         At at, Put put)
 {
-        uint32_t total = first < n ? (n - first + step - 1) / step * splits : 0;
+        const uint32_t sl = S ? S : splits;
+        uint32_t total = first < n ? (n - first + step - 1) / step * sl : 0;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (uint32_t f0 = 0; f0 < total; f0 += MLA_LOADS) {
                 float4 v[MLA_LOADS], b[MLA_LOADS];
 #pragma unroll
                 for (uint32_t u = 0; u < MLA_LOADS; u++) {
-                        uint32_t f = f0 + u, s = f % splits;
+                        uint32_t f = f0 + u, s = f % sl;
                         v[u] = b[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                         if (f >= total)
                                 continue;
-                        uint2 o = at(first + f / splits * step);
+                        uint2 o = at(first + f / sl * step);
                         v[u] = *(const float4 *) (part + s * stride + o.x);
-                        if (bias && s + 1 == splits)
+                        if (bias && s + 1 == sl)
                                 b[u] = __ldg((const float4 *) (bias + o.y));
                 }
 #pragma unroll
                 for (uint32_t u = 0; u < MLA_LOADS; u++) {
-                        uint32_t f = f0 + u, s = f % splits;
+                        uint32_t f = f0 + u, s = f % sl;
                         if (f >= total)
                                 break;
                         acc = s == 0 ? v[u] : f4_add(acc, v[u]);
-                        if (s + 1 == splits)
-                                put(first + f / splits * step, bias ? f4_add(acc, b[u]) : acc);
+                        if (s + 1 == sl)
+                                put(first + f / sl * step, bias ? f4_add(acc, b[u]) : acc);
                 }
         }
+}
+
+template <typename At, typename Put>
+static __device__ __forceinline__ void mla_quads(const float *part, uint32_t splits,
+        size_t stride, const float *__restrict__ bias, uint32_t first, uint32_t step, uint32_t n,
+        At at, Put put)
+{
+        if (splits == 1)
+                mla_quads_s<1>(part, splits, stride, bias, first, step, n, at, put);
+        else
+                mla_quads_s<0>(part, splits, stride, bias, first, step, n, at, put);
 }
 
 /* The latent row of token r into the cache: one block. */
@@ -200,6 +214,7 @@ static __device__ __forceinline__ void mla_store(const float *c, __half *out, si
  * staged; float32 q_nope goes in as two FP16 halves (hi and the rest), so the product
  * keeps about 22 bits of it. A head's blocks also share its roped q_pe of the group's rows
  * into q[r][h][rank ..). With kv, one block a row after them writes its latent row. */
+template <uint32_t PC, uint32_t RC>
 __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         uint32_t splits, size_t stride, const float *__restrict__ bias, uint32_t ld,
         const uint32_t *pos, const uint32_t *slot, uint32_t rows, uint32_t H, uint32_t P,
@@ -207,6 +222,10 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         __half *q, const CuMlaKv kv)
 {
         extern __shared__ uint4 smem[];
+        if (PC) { /* the divisions by P / 4 and R / 4 below become shifts */
+                P = PC;
+                R = RC;
+        }
         uint32_t W = rank + R, qk = P + R, MG = rank / (16 * MLA_HW);
         uint32_t n_gemm = MG * H * ((rows + MLA_RB - 1) / MLA_RB);
 
@@ -274,19 +293,38 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         }
         __syncthreads();
 
-        for (uint32_t rt = 0; rt < nrt; rt++) {
-                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                const __half *bh = hi_s + (rt * 8 + g) * LD + 2 * tq;
-                const __half *bl = lo_s + (rt * 8 + g) * LD + 2 * tq;
+        /* row tiles two at a time, so that their mma chains overlap; the hi and lo halves
+         * go into separate sums, added at the end */
+        for (uint32_t rt = 0; rt < nrt; rt += 2) {
+                bool two = rt + 1 < nrt;
+                float c[2][2][4] = {};
 #pragma unroll
-                for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++) {
-                        if (ks >= KS)
+                for (uint32_t u = 0; u < 2; u++) {
+                        if (u == 1 && !two)
                                 break;
-                        mla_mma4(c, a[ks], lds32(bh + 16 * ks), lds32(bh + 16 * ks + 8));
-                        mla_mma4(c, a[ks], lds32(bl + 16 * ks), lds32(bl + 16 * ks + 8));
+                        const __half *bh = hi_s + ((rt + u) * 8 + g) * LD + 2 * tq;
+                        const __half *bl = lo_s + ((rt + u) * 8 + g) * LD + 2 * tq;
+#pragma unroll
+                        for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++) {
+                                if (ks >= KS)
+                                        break;
+                                mla_mma4(c[u][0], a[ks], lds32(bh + 16 * ks),
+                                        lds32(bh + 16 * ks + 8));
+                                mla_mma4(c[u][1], a[ks], lds32(bl + 16 * ks),
+                                        lds32(bl + 16 * ks + 8));
+                        }
                 }
-                mla_store(c, q + ((size_t) r0 * H + h) * W, (size_t) H * W, rt * 8 + 2 * tq, nr,
-                        mt * 16 + g);
+#pragma unroll
+                for (uint32_t u = 0; u < 2; u++) {
+                        if (u == 1 && !two)
+                                break;
+                        float d[4];
+#pragma unroll
+                        for (uint32_t j = 0; j < 4; j++)
+                                d[j] = c[u][0][j] + c[u][1][j];
+                        mla_store(d, q + ((size_t) r0 * H + h) * W, (size_t) H * W,
+                                (rt + u) * 8 + 2 * tq, nr, mt * 16 + g);
+                }
         }
 }
 
@@ -302,12 +340,15 @@ void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t s
 {
         static bool opted;
         if (!opted) {
-                cudaFuncSetAttribute(k_mla_absorb, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                        (int) mla_absorb_smem(16 * MLA_KS_MAX));
+                for (auto k : {k_mla_absorb<128, 64>, k_mla_absorb<0, 0>})
+                        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int) mla_absorb_smem(16 * MLA_KS_MAX));
                 opted = true;
         }
+        /* DeepSeek-V2 and V3's head dimensions compiled in */
+        auto k = P == 128 && R == 64 ? k_mla_absorb<128, 64> : k_mla_absorb<0, 0>;
         uint32_t n_gemm = rank / (16 * MLA_HW) * H * div_up(rows, MLA_RB);
-        k_mla_absorb<<<n_gemm + (kv ? rows : 0), MLA_HW * 32, mla_absorb_smem(P), st>>>(part, splits,
+        k<<<n_gemm + (kv ? rows : 0), MLA_HW * 32, mla_absorb_smem(P), st>>>(part, splits,
                 slice_stride, bias, ld, meta.pos, meta.slot, rows, H, P, R, rank, inv_freq, af,
                 (const uint4 *) wk, q, kv ? *kv : CuMlaKv{});
 }
