@@ -163,7 +163,7 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
  * use, and the sums of squares added in the cluster's order (per chunk over the warps, then
  * over the chunks): a row comes out bit for bit as from k_add_norm. Thousands of 6 KB
  * clusters left the memory system idle between launches (1.1 TB/s at 2048 rows). */
-#define ADD_NORM_MANY   128
+#define ADD_NORM_MANY   32
 #define ADD_NORM_GROUPS 4
 
 __global__ void __launch_bounds__(ADD_NORM_GROUPS * ADD_NORM_THREADS) k_add_norm_rows(float *x,
