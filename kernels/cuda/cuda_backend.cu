@@ -924,6 +924,9 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 cu_awq_sizes(l->in, l->out, l->group_size, &qb, &zb);
                 *mats[i].qw = qb / sizeof(uint4);
                 *mats[i].sz = zb / sizeof(__half2);
+                /* sized for the dense GEMV's 4-warp CTAs, although the expert GEMV's have
+                 * 2: counted as the expert kernel's, V2-Lite's experts took 3 and 4 slices
+                 * and batch 1 was 3.4% slower (docs/PERF.md, seventh session) */
                 l->splits = cu_awq_splits(b->n_sm, l->out, l->in, mc->top_k);
                 DALLOC(l->qw, qb * (E + mc->n_shared), what);
                 DALLOC(l->sz, zb * (E + mc->n_shared), what);

@@ -408,9 +408,10 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * took 12-21% less time staged (bench-gemv, PERF.md, fourth session), where the dense 7B
  * shapes at one row did not gain. */
 
-/* Stages per warp: 3, and 6 CTAs an SM (64 registers a thread), not 4 and 4: more warps
- * with fewer chunks each in flight took 2-3% off V2-Lite batch 1 and 8 and 1% off batch
- * 64; 8 CTAs of 2 stages, or 5 of 4, did no better (docs/PERF.md, sixth session). */
+/* Stages per warp: 3, with 24 warps an SM (12 CTAs of AWQ_EKW), not 4 stages and 16 warps:
+ * more warps with fewer chunks each in flight took 2-3% off V2-Lite batch 1 and 8 and 1%
+ * off batch 64; 32 warps of 2 stages, or 20 of 4, did no better (docs/PERF.md, sixth
+ * session). */
 #define AWQ_ES     3
 #define AWQ_ES_CTA 12
 /* Warps of an expert GEMV CTA, splitting its chunks: 2, not AWQ_KW, so that each warp

@@ -319,9 +319,9 @@ void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
 #define MOE_COMBINE_LOADS 16
 
 /* A thread takes V neighbouring columns (4 with 16-byte loads when hidden allows); each
- * column's sum is the same either way. The pairs' weights load with their partials: read
- * where they are used, each waited on the memory in turn (SASS: one load, then its four
- * FFMAs, per pair). */
+ * column's sum is the same either way. The pairs' weights load in the same batch as their
+ * partials: read where they were used, each had been waited on in turn (the SASS showed
+ * one load, then its four FFMAs, per pair). */
 template <uint32_t V>
 __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
         size_t r_stride, const float *w, uint32_t top_k,
