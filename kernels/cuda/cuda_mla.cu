@@ -253,38 +253,43 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         pdl_wait();
         pdl_trigger();
 
-        /* q_pe: quad i of the head's rows, by the head's MG blocks in turn */
+        /* One staging pass, so that its loads go out together (one wait on the memory at
+         * batch 1, where q_pe and q_nope as two passes were two): quads j < n_nope are
+         * the group's q_nope, as hi and lo halves; the others the block's share of the
+         * head's roped q_pe (its quads i = mg, mg + MG, .. of the group's rows). */
+        __half *hi_s = (__half *) smem, *lo_s = hi_s + MLA_RB * LD;
+        uint32_t n_nope = nr * P4, n_pe = mg < nr * R4 ? (nr * R4 - mg + MG - 1) / MG : 0;
         mla_quads(
-                part, splits, stride, bias, mg + MG * threadIdx.x, MG * blockDim.x, nr * R4,
-                [=](uint32_t i) {
-                        uint32_t c = h * qk + P + 4 * (i % R4);
+                part, splits, stride, bias, threadIdx.x, blockDim.x, n_nope + n_pe,
+                [=](uint32_t j) {
+                        if (j < n_nope) {
+                                uint32_t c = h * qk + 4 * (j % P4);
+                                return make_uint2((r0 + j / P4) * ld + c, c);
+                        }
+                        uint32_t i = mg + MG * (j - n_nope), c = h * qk + P + 4 * (i % R4);
                         return make_uint2((r0 + i / R4) * ld + c, c);
                 },
-                [=](uint32_t i, float4 v) {
-                        uint32_t r = r0 + i / R4, j = 2 * (i % R4);
-                        float2 x = rope_pair(v.x, v.y, pos[r], inv_freq, j, af);
-                        float2 y = rope_pair(v.z, v.w, pos[r], inv_freq, j + 1, af);
-                        __half2 *o = (__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * j);
+                [=](uint32_t j, float4 v) {
+                        if (j < n_nope) {
+                                uint32_t at = j / P4 * LD + 4 * (j % P4);
+                                __half2 h0 = __floats2half2_rn(v.x, v.y);
+                                __half2 h1 = __floats2half2_rn(v.z, v.w);
+                                float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
+                                __half2 l0 = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
+                                __half2 l1 = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
+                                *(uint2 *) (hi_s + at) =
+                                        make_uint2(*(uint32_t *) &h0, *(uint32_t *) &h1);
+                                *(uint2 *) (lo_s + at) =
+                                        make_uint2(*(uint32_t *) &l0, *(uint32_t *) &l1);
+                                return;
+                        }
+                        uint32_t i = mg + MG * (j - n_nope);
+                        uint32_t r = r0 + i / R4, k = 2 * (i % R4);
+                        float2 x = rope_pair(v.x, v.y, pos[r], inv_freq, k, af);
+                        float2 y = rope_pair(v.z, v.w, pos[r], inv_freq, k + 1, af);
+                        __half2 *o = (__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * k);
                         o[0] = __floats2half2_rn(x.x, x.y);
                         o[1] = __floats2half2_rn(y.x, y.y);
-                });
-
-        /* q_nope of the group's rows as hi and lo halves, zeros up to the row tile */
-        __half *hi_s = (__half *) smem, *lo_s = hi_s + MLA_RB * LD;
-        mla_quads(
-                part, splits, stride, bias, threadIdx.x, blockDim.x, nr * P4,
-                [=](uint32_t i) {
-                        uint32_t c = h * qk + 4 * (i % P4);
-                        return make_uint2((r0 + i / P4) * ld + c, c);
-                },
-                [=](uint32_t i, float4 v) {
-                        uint32_t at = i / P4 * LD + 4 * (i % P4);
-                        __half2 h0 = __floats2half2_rn(v.x, v.y), h1 = __floats2half2_rn(v.z, v.w);
-                        float2 f0 = __half22float2(h0), f1 = __half22float2(h1);
-                        __half2 l0 = __floats2half2_rn(v.x - f0.x, v.y - f0.y);
-                        __half2 l1 = __floats2half2_rn(v.z - f1.x, v.w - f1.y);
-                        *(uint2 *) (hi_s + at) = make_uint2(*(uint32_t *) &h0, *(uint32_t *) &h1);
-                        *(uint2 *) (lo_s + at) = make_uint2(*(uint32_t *) &l0, *(uint32_t *) &l1);
                 });
         for (uint32_t i = nr * P4 + threadIdx.x; i < nrt * 8 * P4; i += blockDim.x) {
                 uint32_t at = i / P4 * LD + 4 * (i % P4);
