@@ -5,6 +5,8 @@
 # Here:  tools/device-ab.sh pack [LABEL=]REV ...
 #        writes .device/ab/LABEL.tgz for each revision (LABEL defaults to its short hash);
 #        the first is the base. The device has no .git, so revisions travel as archives.
+#        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
+#        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
@@ -124,8 +126,11 @@ run() {
         for r in $(seq "$rounds"); do
                 for l in $labels; do
                         for s in $(echo "$shapes" | tr ',' ' '); do
-                                DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
-                                        "$work/ck-$s" >"$out/bench-$l-$s-$r.log" 2>&1 || true
+                                (
+                                        [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
+                                        DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
+                                                "$work/ck-$s"
+                                ) >"$out/bench-$l-$s-$r.log" 2>&1 || true
                         done
                 done
         done
