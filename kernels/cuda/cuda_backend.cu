@@ -1250,9 +1250,11 @@ static void experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t sl
                         x_div, x, ldx, y, stride);
 }
 
-/* The MoE MLP (DeepSeek) of the rows from b->xn into b->moe_y: the routed experts weighted,
- * plus the shared experts. */
-static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
+/* The MoE MLP (DeepSeek) of the rows from b->xn: the pairs' down partials into b->edpart,
+ * slices *ret_stride apart, to be summed as *ret says (the routed experts weighted, plus the
+ * shared experts) by the add_norm that follows. Returns the slices. */
+static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *ret,
+        size_t *ret_stride)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
@@ -1318,8 +1320,9 @@ static void mlp_moe(Backend *b, const CuLayer *L, uint32_t rows)
 
         if (side)
                 lane_wait(b, b->join, b->side, b->st);
-        cu_moe_combine(b->st, b->edpart, dn->splits, dstride, b->rw, K, shared, ss,
-                (size_t) rows * H, rows, H, b->moe_y);
+        *ret = (CuMoeSum){b->rw, K, shared, ss, (size_t) rows * H, rows, b->moe_y};
+        *ret_stride = dstride;
+        return dn->splits;
 }
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
@@ -1331,6 +1334,10 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         uint32_t H = c->hidden;
         const float *prev = NULL, *prev_bias = NULL;
         uint32_t prev_s = 0, s;
+        /* the previous layer's MLP output: a linear's slices, or a MoE layer's pairs */
+        size_t prev_stride = (size_t) rows * H;
+        CuMoeSum moe;
+        const CuMoeSum *prev_moe = NULL;
 
         /* token embedding */
         cu_embed(b->st, b->embed, b->meta, rows, H, b->x);
@@ -1339,8 +1346,8 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 const CuLayer *L = &b->layers[l];
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm */
-                cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, L->attn_norm,
-                        b->xn, rows, H, c->rms_eps, NULL, true);
+                cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe,
+                        L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true);
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
@@ -1350,16 +1357,16 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* output projection and residual, ffn rmsnorm */
                 s = linear(b, &L->o, b->att, rows, b->part);
-                cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, L->mlp_norm,
-                        b->xn, rows, H, c->rms_eps, NULL, true);
+                cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, NULL,
+                        L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true);
 
                 /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
                  * add opens the next layer */
                 if (L->router.out) {
-                        mlp_moe(b, L, rows);
-                        prev = b->moe_y;
-                        prev_s = 1;
+                        prev_s = mlp_moe(b, L, rows, &moe, &prev_stride);
+                        prev = b->edpart;
                         prev_bias = NULL;
+                        prev_moe = &moe;
                         continue;
                 }
                 s = linear(b, &L->gate_up, b->xn, rows, b->part);
@@ -1368,11 +1375,13 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
                 prev = b->part;
                 prev_bias = L->down.bias;
+                prev_stride = (size_t) rows * H;
+                prev_moe = NULL;
         }
 
         /* last residual add and final rmsnorm of the rows whose logits are wanted */
-        cu_add_norm(b->st, b->x, prev, prev_s, (size_t) rows * H, prev_bias, b->final_norm, b->xn,
-                n_out, H, c->rms_eps, b->meta.out_row, false);
+        cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe, b->final_norm,
+                b->xn, n_out, H, c->rms_eps, b->meta.out_row, false);
 
         /* lm_head (one slice: it is wide enough) and sampling */
         linear(b, &b->lm_head, b->xn, n_out, b->logits);

@@ -10,6 +10,7 @@
 extern "C" {
 #include "cuda_backend.h"
 }
+#include "cuda_deepseek.cuh"
 #include "cuda_kernels.cuh"
 #include "cuda_ptx.cuh"
 
@@ -76,16 +77,23 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
  * read slice by slice for all of a thread's elements at once, so the loads of one slice are
  * in flight together and the sum keeps the fixed order s = 0, 1, ... The blocks' sums of
  * squares meet through distributed shared memory, each block adding them in rank order
- * (hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER). */
+ * (hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER). MOE: the input is a MoE
+ * layer's pairs, summed as k_moe_combine sums them (the same order and fmas, so a row comes
+ * out as from k_moe_combine then this kernel), in one launch where the two took two: up to
+ * ADD_NORM_MOE rows, V2-Lite batch 1 took 1.7% less time, and at 32 rows 1.4% more (the
+ * combine's 16-byte loads do better there; docs/PERF.md, eighth session). */
+#define ADD_NORM_MOE 8
 #define ADD_NORM_CTAS    8
 #define ADD_NORM_THREADS 256
 #define ADD_NORM_PER     4
 #define ADD_NORM_LOADS   8 /* partial slices loaded at once */
 
+template <bool MOE>
 __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
-                const float *__restrict__ bias, const float *__restrict__ w, __half *xn,
-                uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
+                const float *__restrict__ bias, const CuMoeSum moe,
+                const float *__restrict__ w, __half *xn, uint32_t hidden, float eps,
+                const uint32_t *out_row, bool write_res)
 {
         __shared__ float red[32];
         __shared__ float ss_all[ADD_NORM_CTAS]; /* the blocks' sums of squares, by rank */
@@ -107,7 +115,48 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 y[e] = 0.0f;
                 a[e] = i < hi ? x[row + i] : 0.0f;
         }
-        for (uint32_t s0 = 0; part && s0 < splits; s0 += ADD_NORM_LOADS) {
+        if (MOE) {
+                /* pair by pair: its slices in order, then times its weight */
+                uint32_t total = moe.top_k * splits;
+                float d[ADD_NORM_PER] = {};
+                for (uint32_t f0 = 0; f0 < total; f0 += ADD_NORM_LOADS) {
+                        float v[ADD_NORM_LOADS][ADD_NORM_PER], wk[ADD_NORM_LOADS];
+#pragma unroll
+                        for (uint32_t u = 0; u < ADD_NORM_LOADS; u++) {
+                                uint32_t f = f0 + u, k = f / splits, s = f % splits;
+                                size_t pr = s * slice_stride + ((size_t) r * moe.top_k + k) * hidden;
+                                wk[u] = f < total && s + 1 == splits ? moe.w[(size_t) r * moe.top_k + k]
+                                                                     : 0.0f;
+#pragma unroll
+                                for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                                        uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
+                                        v[u][e] = f < total && i < hi ? part[pr + i] : 0.0f;
+                                }
+                        }
+#pragma unroll
+                        for (uint32_t u = 0; u < ADD_NORM_LOADS; u++) {
+                                uint32_t f = f0 + u, s = f % splits;
+                                if (f >= total)
+                                        break;
+#pragma unroll
+                                for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                                        d[e] = s == 0 ? v[u][e] : d[e] + v[u][e];
+                                        if (s + 1 == splits)
+                                                y[e] = fmaf(d[e], wk[u], y[e]);
+                                }
+                        }
+                }
+                if (moe.shared)
+#pragma unroll
+                        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
+                                float sh = 0.0f;
+                                for (uint32_t s = 0; i < hi && s < moe.s_splits; s++)
+                                        sh += moe.shared[s * moe.s_stride + row + i];
+                                y[e] += sh;
+                        }
+        }
+        for (uint32_t s0 = 0; part && !MOE && s0 < splits; s0 += ADD_NORM_LOADS) {
                 float v[ADD_NORM_LOADS][ADD_NORM_PER];
 #pragma unroll
                 for (uint32_t s = 0; s < ADD_NORM_LOADS; s++)
@@ -251,17 +300,28 @@ __global__ void __launch_bounds__(ADD_NORM_GROUPS * ADD_NORM_THREADS) k_add_norm
 }
 
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
-        size_t slice_stride, const float *bias, const float *w, __half *xn, uint32_t rows,
-        uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
+        size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
+        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
 {
+        CuMoeSum m = {};
+        if (moe && rows > ADD_NORM_MOE) {
+                /* the combine's 16-byte loads sum the pairs first (see k_add_norm) */
+                cu_moe_combine(st, part, splits, slice_stride, moe->w, moe->top_k, moe->shared,
+                        moe->s_splits, moe->s_stride, moe->rows, hidden, moe->y);
+                part = moe->y;
+                splits = 1;
+                bias = NULL;
+        } else if (moe)
+                m = *moe;
         if (rows > ADD_NORM_MANY) {
                 k_add_norm_rows<<<rows, ADD_NORM_GROUPS * ADD_NORM_THREADS, 0, st>>>(x, part,
                         splits, slice_stride, bias, w, xn, hidden, eps, out_row, write_res);
                 return;
         }
         dim3 grid(ADD_NORM_CTAS, rows);
-        k_add_norm<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, w, xn,
-                hidden, eps, out_row, write_res);
+        auto k = m.w ? k_add_norm<true> : k_add_norm<false>;
+        k<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, m, w, xn, hidden,
+                eps, out_row, write_res);
 }
 
 #define TRY(call, what)                                                                            \
@@ -307,13 +367,13 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
                 TRY(cudaMemcpy(r_d, t->out_row, t->rows * 4, cudaMemcpyHostToDevice), "out_row");
 
         /* all rows at once, then in passes small enough for the cluster kernel */
-        cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL, w_d,
+        cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL, NULL, w_d,
                 o_d, t->rows, t->hidden, t->eps, t->out_row ? r_d : NULL, t->write_res);
         for (uint32_t r0 = 0; r0 < t->rows; r0 += ADD_NORM_MANY) {
                 uint32_t n = t->rows - r0 < ADD_NORM_MANY ? t->rows - r0 : ADD_NORM_MANY;
                 size_t skip = t->out_row ? 0 : (size_t) r0 * t->hidden;
                 cu_add_norm(0, x2 + skip, t->part ? p_d + skip : NULL, t->splits, xn_floats,
-                        t->bias ? b_d : NULL, w_d, o2 + (size_t) r0 * t->hidden, n, t->hidden,
+                        t->bias ? b_d : NULL, NULL, w_d, o2 + (size_t) r0 * t->hidden, n, t->hidden,
                         t->eps, t->out_row ? r_d + r0 : NULL, t->write_res);
         }
         TRY(cudaGetLastError(), "launch");

@@ -66,11 +66,26 @@ __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, si
 void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, uint32_t hidden,
         float *x);
 
+/* A MoE layer's output as add_norm's input (see cu_add_norm): row r's top_k pairs' down
+ * partials, each pair's slices summed and weighted by w[r * top_k + k], plus the shared
+ * experts' slices when shared is not NULL. y: where steps of many rows sum it first. */
+typedef struct CuMoeSum {
+        const float *w;
+        uint32_t top_k;
+        const float *shared;
+        uint32_t s_splits;
+        size_t s_stride;
+        uint32_t rows; /* of the step, which y holds */
+        float *y;
+} CuMoeSum;
+
 /* For j < rows, r = out_row ? out_row[j] : j: v = x[r] + sum of part's slices + bias;
- * x[r] = v when write_res; xn[j] = rmsnorm(v) * w. part may be NULL (v = x[r]). */
+ * x[r] = v when write_res; xn[j] = rmsnorm(v) * w. part may be NULL (v = x[r]). With moe,
+ * part holds a MoE layer's pair partials instead (moe->rows * top_k of hidden a slice),
+ * v = x[r] + their sum as moe says (in moe->y first, for many rows), and bias is NULL. */
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
-        size_t slice_stride, const float *bias, const float *w, __half *xn, uint32_t rows,
-        uint32_t hidden, float eps, const uint32_t *out_row, bool write_res);
+        size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
+        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res);
 
 /* Sums the fused q|k|v partials plus bias, rotates q and k (rotate-half), writes q to
  * q_out (rows, n_heads*head_dim) and k, v as FP16 into the layer's cache at each row's

@@ -366,7 +366,7 @@ __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
                                 for (uint32_t c = 0; c < V; c++) {
                                         d[c] = s == 0 ? x[u][c] : d[c] + x[u][c];
                                         if (s + 1 == r_splits)
-                                                v[c] += d[c] * wk[u];
+                                                v[c] = fmaf(d[c], wk[u], v[c]);
                                 }
                         }
                 }
