@@ -390,6 +390,18 @@ static int upload_f16_rows(Backend *b, const BkTensor *t, size_t rows, uint32_t 
  * goes up into one device buffer kept for the whole load: the stream orders each copy after
  * the previous part's repack, so nothing waits here and the host can fill the pinned staging
  * with the next part while the GPU copies and repacks this one. */
+/* b->awq_raw of at least bytes (the device side of the load's AWQ work). */
+static int raw_reserve(Backend *b, size_t bytes, DsError *err)
+{
+        if (b->awq_raw_bytes >= bytes)
+                return 0;
+        awq_raw_free(b);
+        int r = dalloc((void **) &b->awq_raw, bytes, "AWQ staging", err);
+        if (r == 0)
+                b->awq_raw_bytes = bytes;
+        return r;
+}
+
 static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uint32_t n_off,
         const char *what, DsError *err)
 {
@@ -398,12 +410,8 @@ static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uin
         size_t sb = (size_t) groups * p->out * 2;
         int r;
 
-        if (b->awq_raw_bytes < qb + zb + sb) {
-                awq_raw_free(b);
-                if ((r = dalloc((void **) &b->awq_raw, qb + zb + sb, "AWQ staging", err)) < 0)
-                        return r;
-                b->awq_raw_bytes = qb + zb + sb;
-        }
+        if ((r = raw_reserve(b, qb + zb + sb, err)) < 0)
+                return r;
         uint8_t *raw = b->awq_raw;
         if ((r = h2d(b, raw, p->qweight, qb, what, err)) < 0 ||
                 (r = h2d(b, raw + qb, p->qzeros, zb, what, err)) < 0 ||
@@ -428,6 +436,21 @@ static int awq_repack_parts(Backend *b, const BkLinear *const *parts, uint32_t n
                 n_off += parts[i]->out;
         }
         return r;
+}
+
+/* An AWQ gate|up (no bias, halves of whole tiles) gets its tiles paired, so that its GEMV
+ * can end in the swiglu (cu_gemv_gate_up): one launch a dense layer fewer at decode. */
+static int pair_gate_up(Backend *b, CuLinear *gu, const char *what, DsError *err)
+{
+        if (!gu->awq || gu->bias || (gu->out / 2) % 16 != 0)
+                return 0;
+        size_t qb, zb;
+        cu_awq_sizes(gu->in, gu->out, gu->group_size, &qb, &zb);
+        int r = raw_reserve(b, qb + zb, err);
+        if (r < 0)
+                return r;
+        CU_TRY(cu_awq_pair_tiles(b->st, gu, b->awq_raw), what);
+        return 0;
 }
 
 /* Uploads parts[0..n_parts) (same input, outputs concatenated) as one device linear. */
@@ -979,7 +1002,8 @@ static int upload_deepseek_layer(Backend *b, const BkLayer *L, CuLayer *D, const
         if (L->moe.experts)
                 return upload_moe(b, &L->moe, D, what, err);
         const BkLinear *gu[] = {&L->gate, &L->up}, *down[] = {&L->down};
-        if ((r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0)
+        if ((r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0 ||
+                (r = pair_gate_up(b, &D->gate_up, what, err)) < 0)
                 return r;
         return upload_linear(b, down, 1, true, &D->down, what, err);
 }
@@ -1024,6 +1048,7 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
                 if ((r = upload_linear(b, qkv, 3, true, &D->qkv, what, err)) < 0 ||
                         (r = upload_linear(b, o, 1, true, &D->o, what, err)) < 0 ||
                         (r = upload_linear(b, gu, 2, true, &D->gate_up, what, err)) < 0 ||
+                        (r = pair_gate_up(b, &D->gate_up, what, err)) < 0 ||
                         (r = upload_linear(b, down, 1, true, &D->down, what, err)) < 0)
                         return r;
         }
@@ -1299,7 +1324,7 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
                 }
                 uint32_t s = linear(b, &L->s_gu, b->xn, rows, b->spart);
                 cu_swiglu(b->st, b->spart, s, (size_t) rows * L->s_gu.out, L->s_gu.bias, rows,
-                        L->s_gu.out / 2, b->hb);
+                        L->s_gu.out / 2, false, b->hb);
                 ss = linear(b, &L->s_down, b->hb, rows, b->spart);
                 if (side)
                         swap_lane(b);
@@ -1314,7 +1339,8 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
         /* every pair's gate|up, swiglu, down */
         experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn, H, b->epart,
                 gstride);
-        cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, b->ehb);
+        cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, false,
+                b->ehb);
         experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
                 mc->expert_dim, b->edpart, dstride);
 
@@ -1323,6 +1349,21 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
         *ret = (CuMoeSum){b->rw, K, shared, ss, (size_t) rows * H, rows, b->moe_y};
         *ret_stride = dstride;
         return dn->splits;
+}
+
+/* b->hb = silu(gate) * up of the rows from b->xn: in the GEMV's last step where its tiles
+ * are paired and it has one slice (the GEMV path; returns true), else through the
+ * partials. */
+static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows)
+{
+        if (gu->pairs && rows <= GEMV_MAX_ROWS && gu->splits == 1) {
+                cu_gemv_gate_up(b->st, gu, b->xn, gu->in, rows, b->hb);
+                return true;
+        }
+        uint32_t s = linear(b, gu, b->xn, rows, b->part);
+        cu_swiglu(b->st, b->part, s, (size_t) rows * gu->out, gu->bias, rows, gu->out / 2,
+                gu->pairs, b->hb);
+        return false;
 }
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
@@ -1369,9 +1410,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         prev_moe = &moe;
                         continue;
                 }
-                s = linear(b, &L->gate_up, b->xn, rows, b->part);
-                cu_swiglu(b->st, b->part, s, (size_t) rows * L->gate_up.out, L->gate_up.bias, rows,
-                        L->gate_up.out / 2, b->hb);
+                mlp_gate_up(b, &L->gate_up, rows);
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
                 prev = b->part;
                 prev_bias = L->down.bias;
@@ -2096,6 +2135,61 @@ extern "C" bool cuda_device_present(void)
 {
         int n = 0;
         return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x,
+        uint32_t rows, float *h, bool *paired, bool *fused, DsError *err)
+{
+        Backend *b = NULL;
+        CuLinear gu = {};
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        const BkLinear *parts[] = {gate, up};
+        size_t K = gate->in, I = gate->out;
+        r = upload_linear(b, parts, 2, true, &gu, "test gate_up", err);
+        if (r == 0)
+                r = pair_gate_up(b, &gu, "test gate_up", err);
+        *paired = gu.pairs;
+        *fused = false;
+        float *xd = NULL;
+        if (r == 0)
+                r = dalloc((void **) &xd, rows * K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &b->part, (size_t) MAX(rows, GEMV_MAX_ROWS) * gu.splits * 2 * I * 4,
+                        "part", err);
+        if (r == 0)
+                r = dalloc((void **) &b->hb, rows * I * 2, "hb", err);
+        if (r == 0 && gu.awq)
+                r = dalloc((void **) &b->w16, 2 * I * K * 2, "w16", err);
+        uint16_t *hh = (uint16_t *) calloc(rows * I, 2);
+        if (r == 0 && !hh)
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
+                        b->st);
+                if (e == cudaSuccess) {
+                        cu_to_half(b->st, xd, b->xn, rows * K);
+                        *fused = mlp_gate_up(b, &gu, rows);
+                        e = cudaGetLastError();
+                }
+                if (e == cudaSuccess)
+                        e = cudaStreamSynchronize(b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(hh, b->hb, rows * I * 2, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        for (size_t i = 0; i < rows * I; i++)
+                                h[i] = f16_to_f32(hh[i]);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test gate_up");
+        }
+        free(hh);
+        dfree(xd);
+        linear_free(&gu);
+        cuda_free(b);
+        return r;
 }
 
 extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,

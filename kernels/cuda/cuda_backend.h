@@ -25,6 +25,12 @@ bool cuda_device_present(void);
  * copy of l. */
 int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, DsError *err);
 
+/* Test hook: h (rows, gate->out) = silu(x · gate) * (x · up) through a dense MLP's gate|up
+ * as a step of rows rows runs it, gate and up uploaded as one linear; *paired: whether its
+ * tiles were paired (cu_awq_pair_tiles); *fused: whether the GEMV made h itself. */
+int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x, uint32_t rows,
+        float *h, bool *paired, bool *fused, DsError *err);
+
 /* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
  * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of

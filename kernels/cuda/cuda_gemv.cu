@@ -99,6 +99,7 @@ struct AwqArgs {
         size_t slice_stride;
         uint32_t K, N, tiles, chunks, splits;
         uint32_t group_magic; /* ceil(2^31 / (group size / 32)) */
+        __half *hb; /* paired gate|up tiles, one slice: silu(gate) * up (rows, N / 2), not y */
 };
 
 /* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
@@ -181,7 +182,26 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int r = 0; r < 4; r++)
                                 red[warp][j][4 * h + r][lane] = c[j][h][r];
         __syncthreads();
-        if (warp == 0) {
+        if (warp == 0 && a.hb) {
+                /* the CTA's tiles are gate tile tile0 / 2 and its up tile: a lane holds both
+                 * sums of its columns and rows (k_swiglu4's arithmetic from here) */
+#pragma unroll
+                for (int h = 0; h < H; h++)
+#pragma unroll
+                        for (int r = 0; r < 4; r++) {
+                                float gv = red[0][0][4 * h + r][lane], uv = red[0][1][4 * h + r][lane];
+#pragma unroll
+                                for (int w = 1; w < KW; w++) {
+                                        gv += red[w][0][4 * h + r][lane];
+                                        uv += red[w][1][4 * h + r][lane];
+                                }
+                                uint32_t col = tile0 / 2 * AWQ_TN + g + 8 * (r / 2);
+                                uint32_t i = 8 * h + 2 * t + r % 2;
+                                if (i < pr)
+                                        a.hb[(size_t) (p0 + i) * (a.N / 2) + col] =
+                                                __float2half(gv / (1.0f + expf(-gv)) * uv);
+                        }
+        } else if (warp == 0) {
                 float *ys = a.y + blockIdx.y * a.slice_stride;
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
@@ -374,12 +394,12 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
 static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
-        size_t slice_stride)
+        size_t slice_stride, __half *hb = NULL)
 {
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
@@ -556,7 +576,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d)};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), NULL};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = g64 ? k_gemv_experts<true> : k_gemv_experts<false>;
@@ -934,6 +954,52 @@ static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x,
                         l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
 }
 
+
+void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, __half *hb)
+{
+        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb);
+}
+
+/* One thread per 16-byte unit or scale record of the paired layout, read from the
+ * unpaired copy in tmp. */
+__global__ void k_awq_pair_tiles(const uint4 *qw_in, const uint2 *sz_in, uint32_t tiles,
+        uint32_t chunks, uint32_t groups, uint4 *qw, uint2 *sz)
+{
+        size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        size_t units = (size_t) tiles * chunks * 32, recs = (size_t) groups * tiles * 8;
+        /* physical tile p holds logical tile p / 2 (gate) or tiles / 2 + p / 2 (up) */
+        if (u < units) {
+                uint32_t lane = u % 32, ch = (u / 32) % chunks, p = (uint32_t) (u / 32 / chunks);
+                uint32_t lt = p / 2 + (p % 2) * (tiles / 2);
+                qw[awq_unit(p, ch, chunks) * 32 + lane] = qw_in[awq_unit(lt, ch, chunks) * 32 + lane];
+        } else if (u < units + recs) {
+                size_t v = u - units;
+                uint32_t g = v % 8, p = (uint32_t) (v / 8 % tiles), gi = (uint32_t) (v / 8 / tiles);
+                uint32_t lt = p / 2 + (p % 2) * (tiles / 2);
+                sz[((size_t) gi * tiles + p) * 8 + g] = sz_in[((size_t) gi * tiles + lt) * 8 + g];
+        }
+}
+
+cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp)
+{
+        size_t qb, zb;
+        cu_awq_sizes(l->in, l->out, l->group_size, &qb, &zb);
+        uint32_t tiles = awq_tiles(l->out), chunks = div_up(l->in, AWQ_KC);
+        uint32_t groups = l->in / l->group_size;
+        cudaError_t e = cudaMemcpyAsync(tmp, l->qw, qb, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess)
+                e = cudaMemcpyAsync((char *) tmp + qb, l->sz, zb, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess)
+                return e;
+        size_t n = (size_t) tiles * chunks * 32 + (size_t) groups * tiles * 8;
+        k_awq_pair_tiles<<<(unsigned) ((n + 255) / 256), 256, 0, st>>>((const uint4 *) tmp,
+                (const uint2 *) ((char *) tmp + qb), tiles, chunks, groups, l->qw, (uint2 *) l->sz);
+        e = cudaGetLastError();
+        if (e == cudaSuccess)
+                l->pairs = true;
+        return e;
+}
 
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride)

@@ -479,9 +479,10 @@ __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride
 }
 
 /* inter % 4 == 0: four columns a thread with 16-byte loads, all of them in flight at once
- * (the strided loop above reached 2.1 TB/s at 2048 rows); the same arithmetic per element. */
+ * (the strided loop above reached 2.1 TB/s at 2048 rows); the same arithmetic per element.
+ * pairs: gate column i is physical column i / 16 * 32 + i % 16, and up's 16 after it. */
 __global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_stride,
-        const float *__restrict__ bias, uint32_t inter, __half *out)
+        const float *__restrict__ bias, uint32_t inter, bool pairs, __half *out)
 {
         pdl_wait();
         pdl_trigger();
@@ -489,11 +490,12 @@ __global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_strid
         if (i >= inter)
                 return;
         size_t row = (size_t) r * 2 * inter;
+        uint32_t gc = pairs ? i / 16 * 32 + i % 16 : i, uc = pairs ? gc + 16 : inter + i;
         float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f), u = g;
 
         for (uint32_t s = 0; s < splits; s++) {
-                float4 pg = *(const float4 *) (part + s * slice_stride + row + i);
-                float4 pu = *(const float4 *) (part + s * slice_stride + row + inter + i);
+                float4 pg = *(const float4 *) (part + s * slice_stride + row + gc);
+                float4 pu = *(const float4 *) (part + s * slice_stride + row + uc);
                 g.x += pg.x;
                 g.y += pg.y;
                 g.z += pg.z;
@@ -519,11 +521,12 @@ __global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_strid
 }
 
 void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t rows, uint32_t inter, __half *out)
+        const float *bias, uint32_t rows, uint32_t inter, bool pairs, __half *out)
 {
         if (inter % 4 == 0) {
                 dim3 grid(div_up(inter / 4, 256), rows);
-                k_swiglu4<<<grid, 256, 0, st>>>(part, splits, slice_stride, bias, inter, out);
+                k_swiglu4<<<grid, 256, 0, st>>>(part, splits, slice_stride, bias, inter, pairs,
+                        out);
                 return;
         }
         dim3 grid(div_up(inter, 256 * 4), rows);

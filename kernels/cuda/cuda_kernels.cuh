@@ -30,6 +30,7 @@ typedef struct CuLinear {
         uint32_t kp;         /* dense: row stride of w, in padded to a multiple of 8 */
         uint32_t group_size; /* awq */
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
+        bool pairs;          /* awq gate|up: tiles in (gate, up) pairs, see cu_awq_pair_tiles */
         uint4 *qw;           /* awq: (ceil(N/16), ceil(K/64), 32) 16-byte units, see cuda_gemv.cu */
         __half2 *sz;         /* awq: scales and zeros per (group, column), see cuda_gemv.cu */
         __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
@@ -119,9 +120,10 @@ void cu_attention_combine(cudaStream_t st, const float *acc, const float2 *ml, C
         uint32_t rows, uint32_t n_heads, uint32_t head_dim, __half *out);
 
 /* out (rows, inter) = silu(gate) * up, gate and up being the two halves of the fused
- * gate|up partials plus bias. */
+ * gate|up partials plus bias; with pairs, the columns of a gate|up linear whose tiles are
+ * paired (see cu_awq_pair_tiles), and no bias. */
 void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, uint32_t rows, uint32_t inter, __half *out);
+        const float *bias, uint32_t rows, uint32_t inter, bool pairs, __half *out);
 
 /* Float32 to FP16, n elements. */
 void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
@@ -152,6 +154,19 @@ void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint3
  * floats apart. An AWQ row's result does not depend on the other rows. */
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride);
+
+/* hb (rows, l->out / 2) = silu(gate) * up of x · W, for a gate|up linear l with paired
+ * tiles and one K slice, rows <= 16: a CTA holds a gate tile and its up tile, and its
+ * sums go through k_swiglu4's arithmetic into hb instead of out as partials. */
+void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, __half *hb);
+
+/* Reorders the tiles of l (gate | up, l->out / 2 columns each, a multiple of 16) so that
+ * gate tile t and up tile t are physical tiles 2t and 2t + 1, one CTA's pair, through tmp
+ * (the bytes of l's weights and scale records), and sets l->pairs unless it fails. Gate
+ * column c is then physical column c / 16 * 32 + c % 16 and up column c 16 after it, in
+ * every path (the GEMVs, the FP16 copy, the dequantization). */
+cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp);
 
 /* MoE: matrices of one shape, one per expert. l describes expert 0 (in, out, group_size,
  * splits, qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4
