@@ -36,8 +36,8 @@ static double check(const BkLinear *l, uint32_t rows)
 /* A dense MLP's gate|up then silu(gate) * up: with paired tiles in one K slice, up to 16
  * rows, the INT4 GEMV ends in it (must_fuse says it has to); else the partials go through
  * the swiglu kernel, in the paired order where the tiles are paired (must_pair). */
-static double check_gate_up(uint32_t in, uint32_t inter, uint32_t gs, uint32_t rows,
-        bool must_pair, bool must_fuse)
+static double check_gate_up(
+        uint32_t in, uint32_t inter, uint32_t gs, uint32_t rows, bool must_pair, bool must_fuse)
 {
         DsError err = {0};
         BkLinear gate = rnd_linear(true, in, inter, gs, false, BK_DT_F16);
@@ -61,7 +61,11 @@ static double check_gate_up(uint32_t in, uint32_t inter, uint32_t gs, uint32_t r
         CHECK(fused || !must_fuse, "gate_up %u->2x%u rows %u: not fused", in, inter, rows);
         double e = rel_err(got, g, (size_t) rows * inter);
         CHECK(e < TOL, "gate_up %u->2x%u g%u rows %u (%s): relative error %.3g", in, inter, gs,
-                rows, fused ? "fused" : paired ? "paired" : "unpaired", e);
+                rows,
+                fused    ? "fused"
+                : paired ? "paired"
+                         : "unpaired",
+                e);
         free(x);
         free(g);
         free(u);
