@@ -386,10 +386,6 @@ static int upload_f16_rows(Backend *b, const BkTensor *t, size_t rows, uint32_t 
         return 0;
 }
 
-/* Repacks the AWQ part p into l (device storage already there) at column n_off. The part
- * goes up into one device buffer kept for the whole load: the stream orders each copy after
- * the previous part's repack, so nothing waits here and the host can fill the pinned staging
- * with the next part while the GPU copies and repacks this one. */
 /* b->awq_raw of at least bytes (the device side of the load's AWQ work). */
 static int raw_reserve(Backend *b, size_t bytes, DsError *err)
 {
@@ -402,6 +398,10 @@ static int raw_reserve(Backend *b, size_t bytes, DsError *err)
         return r;
 }
 
+/* Repacks the AWQ part p into l (device storage already there) at column n_off. The part
+ * goes up into one device buffer kept for the whole load: the stream orders each copy after
+ * the previous part's repack, so nothing waits here and the host can fill the pinned staging
+ * with the next part while the GPU copies and repacks this one. */
 static int awq_repack_part(Backend *b, const CuLinear *l, const BkLinear *p, uint32_t n_off,
         const char *what, DsError *err)
 {
