@@ -974,6 +974,19 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 if (r < 0)
                         return r;
         }
+        /* each expert's gate|up tiles in (gate, up) pairs, as a dense MLP's (pair_gate_up) */
+        if (Dm % 16 == 0) {
+                cu_awq_sizes(hid, 2 * Dm, D->e_gu.group_size, &qb, &zb);
+                if ((r = raw_reserve(b, qb + zb, err)) < 0)
+                        return r;
+                for (uint32_t e = 0; e < E + mc->n_shared; e++) {
+                        CuLinear v = D->e_gu;
+                        v.qw += e * D->e_gu_qw;
+                        v.sz += e * D->e_gu_sz;
+                        CU_TRY(cu_awq_pair_tiles(b->st, &v, b->awq_raw), what);
+                }
+                D->e_gu.pairs = true;
+        }
         D->e_gu1 = D->e_gu;
         D->e_gu1.splits = 1;
         D->e_down1 = D->e_down;
@@ -1262,17 +1275,18 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 }
 
 /* One of a MoE layer's expert matrices over the step's grouped pairs (b->eids, eoff,
- * elist): the grouped GEMM (one slice) or the expert GEMV (l's slices, stride apart). */
+ * elist): the grouped GEMM (one slice) or the expert GEMV (l's slices, stride apart; with
+ * hb, gate|up experts of paired tiles in one slice, silu(gate) * up into hb). */
 static void experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t slots,
         uint32_t pairs, size_t qw_units, size_t sz_units, uint32_t x_div, const __half *x,
-        uint32_t ldx, float *y, size_t stride)
+        uint32_t ldx, float *y, size_t stride, __half *hb)
 {
         if (grouped)
                 cu_gemm_experts(b->st, l, slots, pairs, qw_units, sz_units, b->eids, b->eoff,
                         b->elist, x_div, x, ldx, y);
         else
                 cu_gemv_experts(b->st, l, slots, qw_units, sz_units, b->eids, b->eoff, b->elist,
-                        x_div, x, ldx, y, stride);
+                        x_div, x, ldx, y, stride, hb);
 }
 
 /* The MoE MLP (DeepSeek) of the rows from b->xn: the pairs' down partials into b->edpart,
@@ -1336,13 +1350,16 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
         cu_moe_route_group(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt,
                 rows, b->ridx, b->rw, slots, slot_rows, b->eids, b->eoff, b->elist);
 
-        /* every pair's gate|up, swiglu, down */
+        /* every pair's gate|up, swiglu (in the GEMV where the tiles are paired and it has
+         * one slice), down */
+        bool gu_swiglu = !grouped && gu->pairs && gu->splits == 1;
         experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn, H, b->epart,
-                gstride);
-        cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs, mc->expert_dim, false,
-                b->ehb);
+                gstride, gu_swiglu ? b->ehb : NULL);
+        if (!gu_swiglu)
+                cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs,
+                        mc->expert_dim, gu->pairs, b->ehb);
         experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
-                mc->expert_dim, b->edpart, dstride);
+                mc->expert_dim, b->edpart, dstride, NULL);
 
         if (side)
                 lane_wait(b, b->join, b->side, b->st);
@@ -2333,7 +2350,7 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                         else
                                 cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL,
                                         offd, listd, x_div, xh, (uint32_t) K, yd,
-                                        (size_t) n_pairs * N);
+                                        (size_t) n_pairs * N, NULL);
                         e = cudaGetLastError();
                 }
                 if (e == cudaSuccess)

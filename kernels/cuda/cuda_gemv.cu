@@ -197,9 +197,11 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                                 }
                                 uint32_t col = tile0 / 2 * AWQ_TN + g + 8 * (r / 2);
                                 uint32_t i = 8 * h + 2 * t + r % 2;
-                                if (i < pr)
-                                        a.hb[(size_t) (p0 + i) * (a.N / 2) + col] =
+                                if (i < pr) {
+                                        uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                        a.hb[(size_t) row * (a.N / 2) + col] =
                                                 __float2half(gv / (1.0f + expf(-gv)) * uv);
+                                }
                         }
         } else if (warp == 0) {
                 float *ys = a.y + blockIdx.y * a.slice_stride;
@@ -566,17 +568,18 @@ __global__ void __launch_bounds__(AWQ_EKW * 32, AWQ_ES_CTA) k_gemv_experts(const
 
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
-        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride)
+        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
+        __half *hb)
 {
         if (ldx % 8 != 0 || (uintptr_t) x % 16 != 0) { /* x goes in 16-byte pieces */
                 gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false,
-                        x, ldx, y, slice_stride);
+                        x, ldx, y, slice_stride, hb);
                 return;
         }
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), NULL};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = g64 ? k_gemv_experts<true> : k_gemv_experts<false>;
@@ -1251,7 +1254,7 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                 v.sz = (__half2 *) ((char *) sz + (c % copies) * sb * mats);
                 if (n_experts)
                         cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
-                                top_k, x, in, y, (size_t) pairs * out);
+                                top_k, x, in, y, (size_t) pairs * out, NULL);
                 else
                         cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out);
         }

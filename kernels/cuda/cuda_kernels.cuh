@@ -178,10 +178,13 @@ cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp);
  * slot (passes of 8); a slot without rows costs empty blocks, so callers compact the
  * touched experts into the first slots (cu_moe_group). The grid depends on n_slots only
  * (the launch can be captured in CUDA graphs), and row p's result does not depend on which
- * other rows share its expert. */
+ * other rows share its expert. hb: for gate|up experts with paired tiles and one slice,
+ * row p of hb (l->out / 2 FP16 a row) gets silu(gate) * up instead of y its partials (see
+ * cu_gemv_gate_up); else NULL. */
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
-        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride);
+        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
+        __half *hb);
 
 /* The same product as cu_gemv_experts for steps whose experts get many rows (n_pairs
  * pairs in all): each expert's weights are read once per MG_ROWS (32) of its rows instead
