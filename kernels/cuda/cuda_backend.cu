@@ -438,8 +438,9 @@ static int awq_repack_parts(Backend *b, const BkLinear *const *parts, uint32_t n
         return r;
 }
 
-/* An AWQ gate|up (no bias, halves of whole tiles) gets its tiles paired, so that its GEMV
- * can end in the swiglu (cu_gemv_gate_up): one launch a dense layer fewer at decode. */
+/* An AWQ gate|up, a dense MLP's or one MoE expert's (no bias, halves of whole tiles), gets
+ * its tiles paired, so that its GEMV can end in the swiglu (cu_gemv_gate_up,
+ * cu_gemv_experts): one launch a layer fewer at decode. */
 static int pair_gate_up(Backend *b, CuLinear *gu, const char *what, DsError *err)
 {
         if (!gu->awq || gu->bias || (gu->out / 2) % 16 != 0)
@@ -974,18 +975,14 @@ static int upload_moe(Backend *b, const BkMoe *moe, CuLayer *D, const char *what
                 if (r < 0)
                         return r;
         }
-        /* each expert's gate|up tiles in (gate, up) pairs, as a dense MLP's (pair_gate_up) */
-        if (Dm % 16 == 0) {
-                cu_awq_sizes(hid, 2 * Dm, D->e_gu.group_size, &qb, &zb);
-                if ((r = raw_reserve(b, qb + zb, err)) < 0)
+        /* each expert's gate|up tiles in (gate, up) pairs, as a dense MLP's */
+        for (uint32_t e = 0; e < E + mc->n_shared; e++) {
+                CuLinear v = D->e_gu;
+                v.qw += e * D->e_gu_qw;
+                v.sz += e * D->e_gu_sz;
+                if ((r = pair_gate_up(b, &v, what, err)) < 0)
                         return r;
-                for (uint32_t e = 0; e < E + mc->n_shared; e++) {
-                        CuLinear v = D->e_gu;
-                        v.qw += e * D->e_gu_qw;
-                        v.sz += e * D->e_gu_sz;
-                        CU_TRY(cu_awq_pair_tiles(b->st, &v, b->awq_raw), what);
-                }
-                D->e_gu.pairs = true;
+                D->e_gu.pairs = v.pairs;
         }
         D->e_gu1 = D->e_gu;
         D->e_gu1.splits = 1;

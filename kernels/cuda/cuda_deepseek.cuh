@@ -118,6 +118,27 @@ void cu_moe_route_group(cudaStream_t st, const float *logits, uint32_t splits,
         float *w, uint32_t n_slots, uint32_t slot_rows, uint32_t *ids, uint32_t *off,
         uint32_t *list);
 
+/* One (pair, slice) partial x of a MoE sum at one element: d sums the pair's slices in
+ * order, and its last slice adds d times the pair's weight wk to y. k_moe_combine and
+ * add_norm's MoE sum both take this and moe_shared, so they make the same bits. */
+__device__ __forceinline__ void moe_pair_add(float x, float wk, uint32_t s, uint32_t splits,
+        float &d, float &y)
+{
+        d = s == 0 ? x : d + x;
+        if (s + 1 == splits)
+                y = fmaf(d, wk, y);
+}
+
+/* The shared experts' partial slices at element at, in slice order. */
+__device__ __forceinline__ float moe_shared(const float *shared, uint32_t splits, size_t stride,
+        size_t at)
+{
+        float e = 0.0f;
+        for (uint32_t s = 0; s < splits; s++)
+                e += shared[s * stride + at];
+        return e;
+}
+
 /* y (rows, hidden) = sum over k of w[r][k] * (sum of the routed partials' slices of pair
  * r * top_k + k), then plus the shared experts' partials (NULL when none), in that order. */
 void cu_moe_combine(cudaStream_t st, const float *routed, uint32_t r_splits, size_t r_stride,

@@ -139,21 +139,17 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                                 if (f >= total)
                                         break;
 #pragma unroll
-                                for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
-                                        d[e] = s == 0 ? v[u][e] : d[e] + v[u][e];
-                                        if (s + 1 == splits)
-                                                y[e] = fmaf(d[e], wk[u], y[e]);
-                                }
+                                for (uint32_t e = 0; e < ADD_NORM_PER; e++)
+                                        moe_pair_add(v[u][e], wk[u], s, splits, d[e], y[e]);
                         }
                 }
                 if (moe.shared)
 #pragma unroll
                         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                                 uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
-                                float sh = 0.0f;
-                                for (uint32_t s = 0; i < hi && s < moe.s_splits; s++)
-                                        sh += moe.shared[s * moe.s_stride + row + i];
-                                y[e] += sh;
+                                if (i < hi)
+                                        y[e] += moe_shared(moe.shared, moe.s_splits, moe.s_stride,
+                                                row + i);
                         }
         }
         for (uint32_t s0 = 0; part && !MOE && s0 < splits; s0 += ADD_NORM_LOADS) {

@@ -363,22 +363,15 @@ __global__ void k_moe_combine(const float *routed, uint32_t r_splits,
                                 if (f >= total)
                                         break;
 #pragma unroll
-                                for (uint32_t c = 0; c < V; c++) {
-                                        d[c] = s == 0 ? x[u][c] : d[c] + x[u][c];
-                                        if (s + 1 == r_splits)
-                                                v[c] = fmaf(d[c], wk[u], v[c]);
-                                }
+                                for (uint32_t c = 0; c < V; c++)
+                                        moe_pair_add(x[u][c], wk[u], s, r_splits, d[c], v[c]);
                         }
                 }
-                if (shared) {
+                if (shared)
 #pragma unroll
-                        for (uint32_t c = 0; c < V; c++) {
-                                float e = 0.0f;
-                                for (uint32_t s = 0; s < s_splits; s++)
-                                        e += shared[s * s_stride + (size_t) r * hidden + i + c];
-                                v[c] += e;
-                        }
-                }
+                        for (uint32_t c = 0; c < V; c++)
+                                v[c] += moe_shared(shared, s_splits, s_stride,
+                                        (size_t) r * hidden + i + c);
 #pragma unroll
                 for (uint32_t c = 0; c < V; c++)
                         y[(size_t) r * hidden + i + c] = v[c];
