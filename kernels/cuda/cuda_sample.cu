@@ -324,18 +324,50 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
         return true;
 }
 
-/* Largest logit and its lowest id, as bk_sample's argmax. */
+/* Largest logit and its lowest id, as bk_sample's argmax. A thread visits its ids in
+ * ascending order and keeps the first of its largest; where the row allows, 16 bytes a
+ * load, ARGMAX_LOADS loads in flight (one float at a time, the one block of a batch-1
+ * step read 152064 logits in 16.7 us, 0.7% of the 7B step; docs/PERF.md, ninth session). */
+#define ARGMAX_LOADS 4
+
+__device__ __forceinline__ void argmax_take(float v, uint32_t i, float &best, int32_t &id)
+{
+        if (v > best || id == 0x7fffffff) {
+                best = v;
+                id = (int32_t) i;
+        }
+}
+
 __device__ void block_argmax(Smem &sm, const float *row, uint32_t vocab, float *ret_v,
         int32_t *ret_id)
 {
         float best = -INFINITY;
         int32_t id = 0x7fffffff;
 
-        for (uint32_t i = threadIdx.x; i < vocab; i += THREADS)
-                if (row[i] > best || id == 0x7fffffff) {
-                        best = row[i];
-                        id = (int32_t) i;
+        if (vocab % 4 == 0 && (uintptr_t) row % 16 == 0) {
+                const float4 *r4 = (const float4 *) row;
+                uint32_t n4 = vocab / 4;
+                for (uint32_t b = threadIdx.x; b < n4; b += ARGMAX_LOADS * THREADS) {
+                        float4 v[ARGMAX_LOADS];
+#pragma unroll
+                        for (uint32_t j = 0; j < ARGMAX_LOADS; j++)
+                                if (b + j * THREADS < n4)
+                                        v[j] = r4[b + j * THREADS];
+#pragma unroll
+                        for (uint32_t j = 0; j < ARGMAX_LOADS; j++) {
+                                uint32_t i = 4 * (b + j * THREADS);
+                                if (i >= vocab)
+                                        break;
+                                argmax_take(v[j].x, i, best, id);
+                                argmax_take(v[j].y, i + 1, best, id);
+                                argmax_take(v[j].z, i + 2, best, id);
+                                argmax_take(v[j].w, i + 3, best, id);
+                        }
                 }
+        } else {
+                for (uint32_t i = threadIdx.x; i < vocab; i += THREADS)
+                        argmax_take(row[i], i, best, id);
+        }
         for (int o = 16; o > 0; o >>= 1) {
                 float ov = __shfl_xor_sync(FULL, best, o);
                 int32_t oi = __shfl_xor_sync(FULL, id, o);
