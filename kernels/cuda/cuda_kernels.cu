@@ -102,8 +102,16 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
         uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
         uint32_t j = blockIdx.y, r = out_row ? out_row[j] : j;
         size_t row = (size_t) r * hidden;
-        float y[ADD_NORM_PER], a[ADD_NORM_PER];
+        float y[ADD_NORM_PER], a[ADD_NORM_PER], wn[ADD_NORM_PER], bs[ADD_NORM_PER];
         float ss = 0.0f;
+        /* the norm's weights and the bias are constant: loaded before the wait, they are no
+         * memory round trip after the cluster's barrier */
+#pragma unroll
+        for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
+                uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
+                wn[e] = i < hi ? w[i] : 0.0f;
+                bs[e] = i < hi && bias ? bias[i] : 0.0f;
+        }
         pdl_wait();
         pdl_trigger();
 
@@ -176,7 +184,7 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 if (i < hi) {
                         /* The linear's own sum first, then the residual, as the CPU adds. */
                         if (part)
-                                a[e] += bias ? y[e] + bias[i] : y[e];
+                                a[e] += bias ? y[e] + bs[e] : y[e];
                         if (write_res)
                                 x[row + i] = a[e];
                         ss += a[e] * a[e];
@@ -197,7 +205,7 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                 uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
                 if (i < hi)
-                        xn[(size_t) j * hidden + i] = __float2half(w[i] * (a[e] * inv));
+                        xn[(size_t) j * hidden + i] = __float2half(wn[e] * (a[e] * inv));
         }
 }
 
