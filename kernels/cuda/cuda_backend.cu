@@ -1219,8 +1219,15 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         /* causal grouped-query attention over the cache: items (none in a tile of prefill
          * chunks only), then the prefill chunks' rows */
         if (att_grid > 0) {
-                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, b->block_tokens, c->n_heads,
-                        c->n_kv_heads, hd, b->acc, b->ml);
+                /* Where the grid leaves SMs to spare (batch 1), a KV head's query heads go to
+                 * two blocks: each block's warps then run half the per-head instructions,
+                 * and two blocks share an SM's schedulers (the kernel is bound by its
+                 * instructions' latency; 7B batch 1 took 5% less time, docs/PERF.md, ninth
+                 * session). */
+                uint32_t g = c->n_heads / c->n_kv_heads;
+                uint32_t split = g >= 2 && att_grid * c->n_kv_heads <= 2 * (uint32_t) b->n_sm ? 2 : 1;
+                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, split, b->block_tokens,
+                        c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
                 cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
         }
         cu_flash_attention(b->st, b->q, kc, vc, b->meta, b->flash_tasks, b->n_flash,

@@ -567,10 +567,11 @@ __device__ __forceinline__ float dot8(const float *q, const float *kf)
 }
 
 /* One block of ATT_THREADS per (work item, KV head), the g query heads of the KV head
- * sharing each key and value load. kl = the power of two >= hd/8 lanes that read one key
+ * sharing each key and value load; with gridDim.y = split * n_kv_heads, a block takes the
+ * split-th part of them (the same arithmetic per head: the same bits). kl = the power of two >= hd/8 lanes that read one key
  * (16 bytes each); vl = the power of two >= hd/4 lanes that read one value row (8 bytes
  * each), ATT_THREADS / vl shares of the item's positions being summed in a fixed order. */
-template <uint32_t G>
+template <uint32_t G, uint32_t S>
 __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const __half *k_cache,
         const __half *v_cache, const uint32_t *meta, const uint32_t *row_bt, uint32_t bt_tokens,
         uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd, uint32_t kl, uint32_t vl, float scale,
@@ -578,9 +579,15 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
 {
         extern __shared__ float4 sh4[];
         /* G > 0: the group size, known at compile time (no code for absent heads) */
-        constexpr uint32_t GM = G ? G : ATT_GROUP_MAX;
+        /* S: the parts a KV head's query heads are split into, compiled apart so that
+         * unsplit launches keep their registers (7B batch 64 was 6% slower with the split
+         * read from the grid) */
+        constexpr uint32_t GM = G ? (G + S - 1) / S : ATT_GROUP_MAX;
         const uint32_t g = G ? G : n_heads / n_kv_heads;
-        uint32_t kvh = blockIdx.y, kv_dim = n_kv_heads * hd;
+        uint32_t kvh = blockIdx.y / S, kv_dim = n_kv_heads * hd;
+        /* this block's heads: h0 .. h0 + gh of the KV head's g */
+        uint32_t h0 = blockIdx.y % S * g / S;
+        uint32_t gh = (blockIdx.y % S + 1) * g / S - h0;
         uint32_t shares = ATT_THREADS / vl;
         float *q_s = (float *) sh4;                            /* (g, hd) */
         float *p_s = q_s + g * hd;                             /* (g, ATT_CHUNK) */
@@ -637,8 +644,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                         pdl_trigger();
                 {
                         const float4 *q4 = (const float4 *) (q + (size_t) row * n_heads * hd +
-                                                             (size_t) kvh * g * hd);
-                        for (uint32_t i = t; i < g * hd / 4; i += ATT_THREADS)
+                                                             (size_t) (kvh * g + h0) * hd);
+                        for (uint32_t i = t; i < gh * hd / 4; i += ATT_THREADS)
                                 sh4[i] = q4[i];
                 }
 #pragma unroll
@@ -664,7 +671,10 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                 uint32_t i = pp + r * per;
                                 float kf[8];
                                 h8_to_f(kv[r], kf);
-                                for (uint32_t h = 0; h < g; h++) {
+#pragma unroll
+                                for (uint32_t h = 0; h < GM; h++) {
+                                        if (h >= gh)
+                                                break;
                                         float s = live ? dot8(q_s + h * hd + 8 * li, kf) : 0.0f;
                                         for (uint32_t o = kl / 2; o > 0; o >>= 1)
                                                 s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -693,7 +703,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                         uint32_t d = 8 * (d8 + v);
 #pragma unroll
                                         for (uint32_t h = 0; h < GM; h++) {
-                                                if (h >= g)
+                                                if (h >= gh)
                                                         break;
                                                 sc[h] += dot8(q_s + h * hd + d, kf);
                                         }
@@ -701,13 +711,13 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                         }
 #pragma unroll
                         for (uint32_t h = 0; h < GM; h++)
-                                if (h < g)
+                                if (h < gh)
                                         p_s[h * ATT_CHUNK + t] = sc[h] * scale;
                 }
                 __syncthreads();
 
                 /* softmax numerators per head, one warp per head */
-                for (uint32_t h = warp; h < g; h += ATT_THREADS / 32) {
+                for (uint32_t h = warp; h < gh; h += ATT_THREADS / 32) {
                         float m = -FLT_MAX;
                         for (uint32_t i = lane; i < n; i += 32)
                                 m = fmaxf(m, p_s[h * ATT_CHUNK + i]);
@@ -749,7 +759,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                         float2 v23 = __half22float2(u32_as_h2(u[j].y));
 #pragma unroll
                                         for (uint32_t h = 0; h < GM; h++) {
-                                                if (h >= g)
+                                                if (h >= gh)
                                                         break;
                                                 float p = p_s[h * ATT_CHUNK + b + j];
                                                 acc[h].x += p * v01.x;
@@ -762,7 +772,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                         if (share > 0)
 #pragma unroll
                                 for (uint32_t h = 0; h < GM; h++)
-                                        if (h < g)
+                                        if (h < gh)
                                                 ((float4 *) (o_s + ((share - 1) * g + h) * hd))[vi] = acc[h];
                 }
                 __syncthreads();
@@ -770,7 +780,7 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                 if (share == 0 && vlive)
 #pragma unroll
                         for (uint32_t h = 0; h < GM; h++)
-                                if (h < g) {
+                                if (h < gh) {
                                         float4 a = acc[h];
                                         for (uint32_t sh = 1; sh < shares; sh++) {
                                                 float4 o = ((const float4 *) (o_s + ((sh - 1) * g + h) * hd))[vi];
@@ -779,11 +789,11 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                                 a.z += o.z;
                                                 a.w += o.w;
                                         }
-                                        ((float4 *) (acc_out + ((size_t) it * n_heads + kvh * g + h) *
+                                        ((float4 *) (acc_out + ((size_t) it * n_heads + kvh * g + h0 + h) *
                                                                        hd))[vi] = a;
                                 }
-                if (t < g)
-                        ml_out[(size_t) it * n_heads + kvh * g + t] =
+                if (t < gh)
+                        ml_out[(size_t) it * n_heads + kvh * g + h0 + t] =
                                 make_float2(ml_s[2 * t], ml_s[2 * t + 1]);
         }
 }
@@ -797,8 +807,8 @@ static uint32_t pow2_at_least(uint32_t v)
 }
 
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads,
-        uint32_t head_dim, float *acc, float2 *ml)
+        CuMeta meta, uint32_t grid, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
+        uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml)
 {
         uint32_t g = n_heads / n_kv_heads;
         uint32_t kl = pow2_at_least(head_dim / 8), vl = pow2_at_least(head_dim / 4);
@@ -806,19 +816,28 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
         size_t smem = ((size_t) shares * g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
                       sizeof(float);
         float scale = (float) (1.0 / sqrt((double) head_dim));
-        dim3 blocks(grid, n_kv_heads);
-        /* the common group sizes compiled for: at the 7B shape (7) batch 64 ran 7% faster */
-        auto k = k_attention<0>;
+        /* the common group sizes compiled for: at the 7B shape (7) batch 64 ran 7% faster;
+         * their heads split in two where asked (the generic kernel is never split) */
+        bool two = head_split == 2;
+        uint32_t split = 1;
+        auto k = k_attention<0, 1>;
         switch (g) {
-        case 1: k = k_attention<1>; break;
-        case 2: k = k_attention<2>; break;
-        case 4: k = k_attention<4>; break;
-        case 5: k = k_attention<5>; break;
-        case 6: k = k_attention<6>; break;
-        case 7: k = k_attention<7>; break;
-        case 8: k = k_attention<8>; break;
+#define ATT_G(n)                                                                                   \
+        case n:                                                                                    \
+                k = two ? k_attention<n, 2> : k_attention<n, 1>;                                   \
+                split = two ? 2 : 1;                                                               \
+                break;
+        case 1: k = k_attention<1, 1>; break;
+        ATT_G(2)
+        ATT_G(4)
+        ATT_G(5)
+        ATT_G(6)
+        ATT_G(7)
+        ATT_G(8)
+#undef ATT_G
         default: break;
         }
+        dim3 blocks(grid, n_kv_heads * split);
         k<<<blocks, ATT_THREADS, smem, st>>>(q, k_cache, v_cache, meta.base, meta.row_bt,
                 block_tokens, n_heads, n_kv_heads, head_dim, kl, vl, scale, acc, ml);
 }

@@ -96,11 +96,13 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
         float attention_factor, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
         float *q_out, __half *k_cache, __half *v_cache);
 
-/* Attention partials: one block per (work item, KV head); items are read from meta. grid
- * is the number of blocks along items (they loop), fixed for a graph. */
+/* Attention partials: one block per (work item, KV head), or per (work item, half of a KV
+ * head's query heads) with head_split 2 where the group size is compiled for (2, 4..8);
+ * items are read from meta. grid is the number of blocks along items (they loop),
+ * fixed for a graph. */
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, uint32_t block_tokens, uint32_t n_heads, uint32_t n_kv_heads,
-        uint32_t head_dim, float *acc, float2 *ml);
+        CuMeta meta, uint32_t grid, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
+        uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml);
 
 /* Prefill attention on tensor cores (cuda_flash.cu), for head_dim 64 or 128 and fewer
  * than 2^23 positions (cu_flash_takes): out rows = causal softmax(q·K^T / sqrt(head_dim))·V of n_tasks tasks,
