@@ -875,13 +875,20 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
         uint32_t c1 = (uint32_t) ((uint64_t) kc_n * (s + 1) / splits);
         uint32_t n = 4 * g + lane % 4;
         bool live = n < N;
+        const uint32_t first = c0 + lane / 4;
         const uint4 *wp = (const uint4 *) (w + (size_t) (live ? n : 0) * kp);
-        /* the first loads' lines into L2 before the wait on the kernel that writes x */
-        if (4 * g < N)
+        uint4 wv[DENSE_UNROLL];
+        auto load = [&](uint32_t base) {
 #pragma unroll
                 for (int i = 0; i < DENSE_UNROLL; i++)
-                        if (c0 + lane / 4 + 8 * i < c1)
-                                prefetch_l2(wp + c0 + lane / 4 + 8 * i);
+                        if (base + 8 * i < c1)
+                                wv[i] = ld_stream(wp + base + 8 * i);
+        };
+        /* The weights are constant: the first loads go into registers before the wait on
+         * the kernel that writes x, so that after it only x is a memory round trip (an
+         * L2 prefetch there left the weights one more). */
+        if (4 * g < N)
+                load(first);
         pdl_wait();
         pdl_trigger();
         if (4 * g >= N)
@@ -891,12 +898,9 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
         for (int m = 0; m < M; m++)
                 acc[m] = 0.0f;
 
-        for (uint32_t base = c0 + lane / 4; base < c1; base += 8 * DENSE_UNROLL) {
-                uint4 wv[DENSE_UNROLL];
-#pragma unroll
-                for (int i = 0; i < DENSE_UNROLL; i++)
-                        if (base + 8 * i < c1)
-                                wv[i] = ld_stream(wp + base + 8 * i);
+        for (uint32_t base = first; base < c1; base += 8 * DENSE_UNROLL) {
+                if (base != first)
+                        load(base);
 #pragma unroll
                 for (int i = 0; i < DENSE_UNROLL; i++) {
                         uint32_t kc = base + 8 * i;
