@@ -1272,8 +1272,10 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 rank, b->inv_freq, b->attention_factor, L->wk, q, a->q_lora_rank ? NULL : &kv);
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
-        cu_mla_attention(b->st, q, cache, b->meta, att_grid, b->block_tokens, H, rank, R,
-                a->softmax_scale, b->acc, b->ml);
+        /* where the grid leaves SMs to spare (batch 1), two blocks an item, as for GQA */
+        bool v_split = att_grid * div_up(H, MLA_HEADS) <= 2 * (uint32_t) b->n_sm;
+        cu_mla_attention(b->st, q, cache, b->meta, att_grid, v_split, b->block_tokens, H, rank,
+                R, a->softmax_scale, b->acc, b->ml);
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
 }

@@ -514,7 +514,12 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
  * sum, the chunk's P as FP16), then O += P·V over the first rank dimensions (warp w on
  * dimensions w·rank/4 .. (w+1)·rank/4, V's fragments by ldmatrix.trans). O, m and l are
  * float32; the result is the same partial (acc, ml) the combine kernel merges. Everything
- * depends on the item only, so a row's output does not depend on the batch. */
+ * depends on the item only, so a row's output does not depend on the batch.
+ *
+ * VS 2 (steps whose items leave SMs idle: batch 1 has 17 at a 512-position context): two
+ * blocks per (item, group), each with S and the softmax in full and O over half of the
+ * rank dimensions, so that a warp's P·V and stores are half as long; each dimension's
+ * arithmetic is unchanged (the same bits). */
 #define MLA_THREADS 128
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
@@ -549,6 +554,7 @@ static __device__ __forceinline__ float pick4(const float (&x)[4], uint32_t i)
         return i == 0 ? x[0] : i == 1 ? x[1] : i == 2 ? x[2] : x[3];
 }
 
+template <uint32_t VS>
 __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
         const __half *cache, const uint32_t *meta, const uint32_t *row_bt,
         uint32_t bt_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
@@ -556,7 +562,8 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
 {
         extern __shared__ uint4 smem[];
         uint32_t W = rank + R, WS = W + 8; /* row stride of q_h and kv_s, in halves */
-        uint32_t h0 = blockIdx.y * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
+        uint32_t h0 = blockIdx.y / VS * MLA_HEADS, hg = min((uint32_t) MLA_HEADS, H - h0);
+        uint32_t vp = blockIdx.y % VS;
         __half *q_h = (__half *) smem;                          /* (16, WS) */
         __half *kv_b = q_h + MLA_HEADS * WS;                    /* (2, MLA_CHUNK, WS) */
         float *p_s = (float *) (kv_b + 2 * MLA_CHUNK * WS);     /* (16, MLA_CHUNK) */
@@ -568,7 +575,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
         uint32_t n_items = meta[0];
         const int4 *items = (const int4 *) (meta + meta[1]);
         uint32_t t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
-        uint32_t nt = rank / 32, d0 = warp * (rank / 4);
+        uint32_t nt = rank / VS / 32, d0 = vp * (rank / VS) + warp * (rank / VS / 4);
 
         for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
                 /* row, first position, end position, first position the step writes */
@@ -587,9 +594,10 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
                         m_s[t] = -FLT_MAX;
                         l_s[t] = 0.0f;
                 }
-                float o[MLA_NT_MAX][4];
+                constexpr uint32_t NT = MLA_NT_MAX / VS;
+                float o[NT][4];
 #pragma unroll
-                for (uint32_t j = 0; j < MLA_NT_MAX; j++)
+                for (uint32_t j = 0; j < NT; j++)
                         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
                 __syncthreads();
 
@@ -700,7 +708,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
                         /* O = O·f + P·V over the warp's dimensions */
                         float fa = f_s[g], fb = f_s[g + 8];
 #pragma unroll
-                        for (uint32_t j = 0; j < MLA_NT_MAX; j++) {
+                        for (uint32_t j = 0; j < NT; j++) {
                                 o[j][0] *= fa;
                                 o[j][1] *= fa;
                                 o[j][2] *= fb;
@@ -716,7 +724,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
                                  * n-tiles */
                                 uint32_t lr = k + (lane % 8) + 8 * ((lane / 8) % 2);
 #pragma unroll
-                                for (uint32_t j = 0; j < MLA_NT_MAX; j += 2) {
+                                for (uint32_t j = 0; j < NT; j += 2) {
                                         if (j >= nt)
                                                 break;
                                         uint32_t col = d0 + 8 * j + 8 * (lane / 16);
@@ -731,7 +739,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
 
                 /* the item's partials: unnormalised O with its max and sum per head */
 #pragma unroll
-                for (uint32_t j = 0; j < MLA_NT_MAX; j++) {
+                for (uint32_t j = 0; j < NT; j++) {
                         if (j >= nt)
                                 break;
                         uint32_t d = d0 + 8 * j + 2 * tq;
@@ -742,7 +750,7 @@ __global__ void __launch_bounds__(MLA_THREADS) k_mla_attention(const __half *q,
                                 *(float2 *) (acc_out + ((size_t) it * H + h0 + g + 8) * rank + d) =
                                         make_float2(o[j][2], o[j][3]);
                 }
-                if (t < hg)
+                if (t < hg && vp == 0)
                         ml_out[(size_t) it * H + h0 + t] = make_float2(m_s[t], l_s[t]);
         }
 }
@@ -754,16 +762,21 @@ static size_t mla_smem(uint32_t W)
 }
 
 void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
-        uint32_t grid, uint32_t block_tokens, uint32_t H, uint32_t rank, uint32_t R, float scale,
-        float *acc, float2 *ml)
+        uint32_t grid, bool v_split, uint32_t block_tokens, uint32_t H, uint32_t rank,
+        uint32_t R, float scale, float *acc, float2 *ml)
 {
         static bool opted;
         if (!opted) {
-                cudaFuncSetAttribute(k_mla_attention, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                        (int) mla_smem(MLA_WIDTH_MAX));
+                cudaFuncSetAttribute(k_mla_attention<1>,
+                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mla_smem(MLA_WIDTH_MAX));
+                cudaFuncSetAttribute(k_mla_attention<2>,
+                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mla_smem(MLA_WIDTH_MAX));
                 opted = true;
         }
-        dim3 blocks(grid, div_up(H, MLA_HEADS));
-        k_mla_attention<<<blocks, MLA_THREADS, mla_smem(rank + R), st>>>(q, cache, meta.base,
-                meta.row_bt, block_tokens, H, rank, R, scale, acc, ml);
+        /* a half of the rank is whole 16-dimension tiles of the 4 warps */
+        uint32_t vs = v_split && rank % 128 == 0 ? 2 : 1;
+        dim3 blocks(grid, div_up(H, MLA_HEADS) * vs);
+        auto k = vs == 2 ? k_mla_attention<2> : k_mla_attention<1>;
+        k<<<blocks, MLA_THREADS, mla_smem(rank + R), st>>>(q, cache, meta.base, meta.row_bt,
+                block_tokens, H, rank, R, scale, acc, ml);
 }
