@@ -886,7 +886,8 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
         };
         /* The weights are constant: the first loads go into registers before the wait on
          * the kernel that writes x, so that after it only x is a memory round trip (an
-         * L2 prefetch there left the weights one more). */
+         * L2 prefetch there left the weights one more: V2-Lite's router, batch 1, 0.6% of
+         * the step; docs/PERF.md, ninth session). */
         if (4 * g < N)
                 load(first);
         pdl_wait();

@@ -519,7 +519,8 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
  * VS 2 (steps whose items leave SMs idle: batch 1 has 17 at a 512-position context): two
  * blocks per (item, group), each with S and the softmax in full and O over half of the
  * rank dimensions, so that a warp's P·V and stores are half as long; each dimension's
- * arithmetic is unchanged (the same bits). */
+ * arithmetic is unchanged (the same bits). V2-Lite batch 1 took 1.1% less time
+ * (docs/PERF.md, ninth session). */
 #define MLA_THREADS 128
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
