@@ -567,10 +567,11 @@ __device__ __forceinline__ float dot8(const float *q, const float *kf)
 }
 
 /* One block of ATT_THREADS per (work item, KV head), the g query heads of the KV head
- * sharing each key and value load; with gridDim.y = split * n_kv_heads, a block takes the
- * split-th part of them (the same arithmetic per head: the same bits). kl = the power of two >= hd/8 lanes that read one key
- * (16 bytes each); vl = the power of two >= hd/4 lanes that read one value row (8 bytes
- * each), ATT_THREADS / vl shares of the item's positions being summed in a fixed order. */
+ * sharing each key and value load; with S > 1, gridDim.y is S * n_kv_heads and a block
+ * takes one S-th of the heads (the same arithmetic per head: the same bits). kl = the
+ * power of two >= hd/8 lanes that read one key (16 bytes each); vl = the power of two >=
+ * hd/4 lanes that read one value row (8 bytes each), ATT_THREADS / vl shares of the item's
+ * positions being summed in a fixed order. */
 template <uint32_t G, uint32_t S>
 __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const __half *k_cache,
         const __half *v_cache, const uint32_t *meta, const uint32_t *row_bt, uint32_t bt_tokens,
