@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* bench-gemv: the INT4 GEMV alone (cuda_bench_awq), launches replayed from a CUDA graph with
- * the weights coming from DRAM: the Qwen2-7B linears (g128) at 1, 8 and 16 rows, and the
- * DeepSeek-V2-Lite expert GEMV (64 experts, top-6, g64) at 1, 8 and 16 tokens. Prints
- * microseconds per launch and the weight bytes read per second. Exits 77 without a
- * device. */
+ * the weights coming from DRAM: the Qwen2-7B linears (g128) at 1, 8 and 16 rows, the
+ * DeepSeek-V2-Lite expert GEMV (64 experts, top-6, g64) at 1, 8 and 16 tokens, and the 7B
+ * gate_up and down through the expert GEMV as one expert. Prints microseconds per launch
+ * and the weight bytes read per second. Exits 77 without a device. */
 #include <stdio.h>
 
 #include "cuda_backend.h"
@@ -21,6 +21,11 @@ int main(void)
                 {"7B down", 18944, 3584, 128, 0, 0},
                 {"V2-Lite expert gate_up", 2048, 2816, 64, 64, 6},
                 {"V2-Lite expert down", 1408, 2048, 64, 64, 6},
+                /* the 7B matrices through the staged expert kernel, as one expert of one
+                 * pair a token: is its shared-memory staging faster than the dense
+                 * kernel's registers at 1 row? */
+                {"7B gate_up, staged", 3584, 37888, 128, 1, 1},
+                {"7B down, staged", 18944, 3584, 128, 1, 1},
         };
         static const uint32_t rows[] = {1, 8, 16};
 
