@@ -8,13 +8,16 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
+#        [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
 #        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill,
 #        a line per revision and round (default 2). --gpu: first builds the revisions
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
-#        failure is reported, the timing goes on). The logs come back as $OUT/ab-logs.tgz
+#        failure is reported, the timing goes on). --gemv: no checkpoints and no
+#        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
+#        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz
 #        (the run tool returns at most 8 files); without $OUT they stay in /tmp/ab.
 set -eu
 
@@ -61,15 +64,19 @@ run() {
         phases=b1,b8,b64
         rounds=2
         gpu=
+        gemv=
         while [ $# -gt 0 ]; do
+                n=2
                 case $1 in
                 --shapes) shapes=$2 ;;
                 --phases) phases=$2 ;;
                 --rounds) rounds=$2 ;;
                 --gpu) gpu=$2 ;;
+                --gemv) gemv=1 n=1 ;;
                 *) usage ;;
                 esac
-                shift 2
+                [ $# -ge "$n" ] || usage
+                shift "$n"
         done
         [ -f "$ab/order" ] || { echo "device-ab: no $ab/order: pack first"; exit 1; }
         out=/tmp/ab
@@ -110,12 +117,31 @@ run() {
                         meson setup "$work/build-$l" -Dcuda=enabled \
                                 -Dshared_dir="$root/.device/shared" >"$out/setup-$l.log" 2>&1 &&
                                 ninja -C "$work/build-$l" tests/bench/bench-cuda \
-                                        tools/dsquant/dsquant >"$out/ninja-$l.log" 2>&1 ||
+                                        tests/bench/bench-gemv tools/dsquant/dsquant \
+                                        >"$out/ninja-$l.log" 2>&1 ||
                                 echo "device-ab: $l did not build: $out/ninja-$l.log"
                 ) &
         done
         wait
         echo "builds: $(($(date +%s) - t0)) s"
+        if [ -n "$gemv" ]; then
+                for r in $(seq "$rounds"); do
+                        for l in $labels; do
+                                "$(bdir "$l")/tests/bench/bench-gemv" >"$out/gemv-$l-$r.log" 2>&1 || true
+                        done
+                done
+                echo "benches: $(($(date +%s) - t0)) s"
+                head -1 "$out/gemv-$base-1.log" | sed 's/^/revision round /'
+                for l in $labels; do
+                        for r in $(seq "$rounds"); do
+                                awk -v l="$l" -v r="$r" \
+                                        'NR > 1 && ($(NF - 4) == 1 || $(NF - 4) == 8) { print l, r, $0 }' \
+                                        "$out/gemv-$l-$r.log"
+                        done
+                done
+                [ -n "${OUT:-}" ] && tar czf "$OUT/ab-logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+                return 0
+        fi
         for s in $(echo "$shapes" | tr ',' ' '); do
                 "$(bdir "$base")/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
                         >"$out/synth-$s.log" 2>&1 &
