@@ -1225,7 +1225,8 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                  * instructions' latency; 7B batch 1 took 5% less time, docs/PERF.md, ninth
                  * session). */
                 uint32_t g = c->n_heads / c->n_kv_heads;
-                uint32_t split = g >= 2 && att_grid * c->n_kv_heads <= 2 * (uint32_t) b->n_sm ? 2 : 1;
+                bool spare = att_grid * c->n_kv_heads <= 2 * (uint32_t) b->n_sm;
+                uint32_t split = g >= 2 && spare ? 2 : 1;
                 cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, split, b->block_tokens,
                         c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
                 cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);

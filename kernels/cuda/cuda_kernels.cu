@@ -790,8 +790,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
                                                 a.z += o.z;
                                                 a.w += o.w;
                                         }
-                                        ((float4 *) (acc_out + ((size_t) it * n_heads + kvh * g + h0 + h) *
-                                                                       hd))[vi] = a;
+                                        size_t at = (size_t) it * n_heads + kvh * g + h0 + h;
+                                        ((float4 *) (acc_out + at * hd))[vi] = a;
                                 }
                 if (t < gh)
                         ml_out[(size_t) it * n_heads + kvh * g + h0 + t] =
