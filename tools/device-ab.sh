@@ -127,7 +127,10 @@ run() {
         if [ -n "$gemv" ]; then
                 for r in $(seq "$rounds"); do
                         for l in $labels; do
-                                "$(bdir "$l")/tests/bench/bench-gemv" >"$out/gemv-$l-$r.log" 2>&1 || true
+                                (
+                                        [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
+                                        "$(bdir "$l")/tests/bench/bench-gemv"
+                                ) >"$out/gemv-$l-$r.log" 2>&1 || true
                         done
                 done
                 echo "benches: $(($(date +%s) - t0)) s"
@@ -139,45 +142,44 @@ run() {
                                         "$out/gemv-$l-$r.log"
                         done
                 done
-                [ -n "${OUT:-}" ] && tar czf "$OUT/ab-logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-                return 0
-        fi
-        for s in $(echo "$shapes" | tr ',' ' '); do
-                "$(bdir "$base")/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
-                        >"$out/synth-$s.log" 2>&1 &
-        done
-        wait
-        echo "checkpoints: $(($(date +%s) - t0)) s"
-
-        for r in $(seq "$rounds"); do
-                for l in $labels; do
-                        for s in $(echo "$shapes" | tr ',' ' '); do
-                                (
-                                        [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
-                                        DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
-                                                "$work/ck-$s"
-                                ) >"$out/bench-$l-$s-$r.log" 2>&1 || true
-                        done
+        else
+                for s in $(echo "$shapes" | tr ',' ' '); do
+                        "$(bdir "$base")/tools/dsquant/dsquant" synth --shape "$s" "$work/ck-$s" \
+                                >"$out/synth-$s.log" 2>&1 &
                 done
-        done
-        echo "benches: $(($(date +%s) - t0)) s"
+                wait
+                echo "checkpoints: $(($(date +%s) - t0)) s"
 
-        for s in $(echo "$shapes" | tr ',' ' '); do
-                echo "$s (ms: decode per step, prefill per prompt)"
-                printf "%-12s %5s" revision round
-                for p in $(echo "$phases" | tr ',' ' '); do printf " %9s" "$p"; done
-                echo
-                for l in $labels; do
-                        for r in $(seq "$rounds"); do
-                                printf "%-12s %5s" "$l" "$r"
-                                for p in $(echo "$phases" | tr ',' ' '); do
-                                        v=$(figure "$out/bench-$l-$s-$r.log" "$p")
-                                        printf " %9s" "${v:--}"
+                for r in $(seq "$rounds"); do
+                        for l in $labels; do
+                                for s in $(echo "$shapes" | tr ',' ' '); do
+                                        (
+                                                [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
+                                                DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
+                                                        "$work/ck-$s"
+                                        ) >"$out/bench-$l-$s-$r.log" 2>&1 || true
                                 done
-                                echo
                         done
                 done
-        done
+                echo "benches: $(($(date +%s) - t0)) s"
+
+                for s in $(echo "$shapes" | tr ',' ' '); do
+                        echo "$s (ms: decode per step, prefill per prompt)"
+                        printf "%-12s %5s" revision round
+                        for p in $(echo "$phases" | tr ',' ' '); do printf " %9s" "$p"; done
+                        echo
+                        for l in $labels; do
+                                for r in $(seq "$rounds"); do
+                                        printf "%-12s %5s" "$l" "$r"
+                                        for p in $(echo "$phases" | tr ',' ' '); do
+                                                v=$(figure "$out/bench-$l-$s-$r.log" "$p")
+                                                printf " %9s" "${v:--}"
+                                        done
+                                        echo
+                                done
+                        done
+                done
+        fi
         if [ -n "${OUT:-}" ]; then
                 tar czf "$OUT/ab-logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"
         fi
