@@ -1202,6 +1202,15 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
         return 1;
 }
 
+/* Whether an attention launch of blocks blocks (along items and heads) leaves SMs to spare:
+ * at most two blocks an SM (batch 1). There the attention kernels split each block's work
+ * in two, since they are bound by their instructions' latency, not by the SMs' throughput
+ * (7B batch 1 5% faster, V2-Lite 1.1%; docs/PERF.md, ninth session). */
+static bool sms_to_spare(const Backend *b, uint32_t blocks)
+{
+        return blocks <= 2 * (uint32_t) b->n_sm;
+}
+
 /* Grouped-query attention (Llama, Qwen2) of the rows from b->xn into b->att. */
 static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
         uint32_t att_grid)
@@ -1219,14 +1228,11 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         /* causal grouped-query attention over the cache: items (none in a tile of prefill
          * chunks only), then the prefill chunks' rows */
         if (att_grid > 0) {
-                /* Where the grid leaves SMs to spare (batch 1), a KV head's query heads go to
-                 * two blocks: each block's warps then run half the per-head instructions,
-                 * and two blocks share an SM's schedulers (the kernel is bound by its
-                 * instructions' latency; 7B batch 1 took 5% less time, docs/PERF.md, ninth
-                 * session). */
-                uint32_t g = c->n_heads / c->n_kv_heads;
-                bool spare = att_grid * c->n_kv_heads <= 2 * (uint32_t) b->n_sm;
-                uint32_t split = g >= 2 && spare ? 2 : 1;
+                /* a KV head's query heads in two blocks: each block's warps run half the
+                 * per-head instructions, and two blocks share an SM's schedulers */
+                bool two = c->n_heads / c->n_kv_heads >= 2 &&
+                           sms_to_spare(b, att_grid * c->n_kv_heads);
+                uint32_t split = two ? 2 : 1;
                 cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, split, b->block_tokens,
                         c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
                 cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
@@ -1273,8 +1279,8 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 rank, b->inv_freq, b->attention_factor, L->wk, q, a->q_lora_rank ? NULL : &kv);
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
-        /* where the grid leaves SMs to spare (batch 1), two blocks an item, as for GQA */
-        bool v_split = att_grid * div_up(H, MLA_HEADS) <= 2 * (uint32_t) b->n_sm;
+        /* two blocks an item, each with half of the rank's dimensions */
+        bool v_split = sms_to_spare(b, att_grid * div_up(H, MLA_HEADS));
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, v_split, b->block_tokens, H, rank,
                 R, a->softmax_scale, b->acc, b->ml);
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);

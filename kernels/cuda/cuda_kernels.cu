@@ -371,14 +371,15 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
                 TRY(cudaMemcpy(r_d, t->out_row, t->rows * 4, cudaMemcpyHostToDevice), "out_row");
 
         /* all rows at once, then in passes small enough for the cluster kernel */
-        cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL, NULL, w_d,
-                o_d, t->rows, t->hidden, t->eps, t->out_row ? r_d : NULL, t->write_res);
+        cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL,
+                NULL, w_d, o_d, t->rows, t->hidden, t->eps, t->out_row ? r_d : NULL,
+                t->write_res);
         for (uint32_t r0 = 0; r0 < t->rows; r0 += ADD_NORM_MANY) {
                 uint32_t n = t->rows - r0 < ADD_NORM_MANY ? t->rows - r0 : ADD_NORM_MANY;
                 size_t skip = t->out_row ? 0 : (size_t) r0 * t->hidden;
                 cu_add_norm(0, x2 + skip, t->part ? p_d + skip : NULL, t->splits, xn_floats,
-                        t->bias ? b_d : NULL, NULL, w_d, o2 + (size_t) r0 * t->hidden, n, t->hidden,
-                        t->eps, t->out_row ? r_d + r0 : NULL, t->write_res);
+                        t->bias ? b_d : NULL, NULL, w_d, o2 + (size_t) r0 * t->hidden, n,
+                        t->hidden, t->eps, t->out_row ? r_d + r0 : NULL, t->write_res);
         }
         TRY(cudaGetLastError(), "launch");
         TRY(cudaDeviceSynchronize(), "run");
