@@ -1202,18 +1202,21 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
         return 1;
 }
 
-/* Whether an attention launch of blocks blocks (along items and heads) leaves SMs to spare:
- * at most two blocks an SM (batch 1). There the attention kernels split each block's work
- * in two, since they are bound by their instructions' latency, not by the SMs' throughput
- * (7B batch 1 5% faster, V2-Lite 1.1%; docs/PERF.md, ninth session). */
-static bool sms_to_spare(const Backend *b, uint32_t blocks)
+/* Whether an attention launch leaves SMs to spare: each item has its own block (own: the
+ * grid of att_grid blocks along items does not loop over them) and there are at most two
+ * blocks an SM, per_item blocks an item (batch 1). There the attention kernels split each
+ * block's work in two, since they are bound by their instructions' latency, not by the
+ * SMs' throughput (7B batch 1 5% faster, V2-Lite 1.1%; docs/PERF.md, ninth session). A
+ * looping grid of the same size has many items a block, and splitting them repeats each
+ * item's scores (V2-Lite batch 64 8% slower, tenth session). */
+static bool sms_to_spare(const Backend *b, uint32_t att_grid, bool own, uint32_t per_item)
 {
-        return blocks <= 2 * (uint32_t) b->n_sm;
+        return own && att_grid * per_item <= 2 * (uint32_t) b->n_sm;
 }
 
 /* Grouped-query attention (Llama, Qwen2) of the rows from b->xn into b->att. */
 static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
-        uint32_t att_grid)
+        uint32_t att_grid, bool att_own)
 {
         const BkConfig *c = &b->cfg;
         uint32_t hd = c->head_dim;
@@ -1231,7 +1234,7 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 /* a KV head's query heads in two blocks: each block's warps run half the
                  * per-head instructions, and two blocks share an SM's schedulers */
                 bool two = c->n_heads / c->n_kv_heads >= 2 &&
-                           sms_to_spare(b, att_grid * c->n_kv_heads);
+                           sms_to_spare(b, att_grid, att_own, c->n_kv_heads);
                 uint32_t split = two ? 2 : 1;
                 cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, split, b->block_tokens,
                         c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
@@ -1244,7 +1247,7 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 /* Multi-head latent attention (DeepSeek) of the rows from b->xn into b->att, in the
  * absorbed form; only the latent row reaches the cache. */
 static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
-        uint32_t att_grid)
+        uint32_t att_grid, bool att_own)
 {
         const BkConfig *c = &b->cfg;
         const BkMlaConfig *a = &c->mla;
@@ -1280,7 +1283,7 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
         /* two blocks an item, each with half of the rank's dimensions */
-        bool v_split = sms_to_spare(b, att_grid * div_up(H, MLA_HEADS));
+        bool v_split = sms_to_spare(b, att_grid, att_own, div_up(H, MLA_HEADS));
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, v_split, b->block_tokens, H, rank,
                 R, a->softmax_scale, b->acc, b->ml);
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
@@ -1398,8 +1401,8 @@ static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows)
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
  * logits of the n_out rows of meta.out_row in b->logits and their sampled ids in b->ids_d.
- * att_grid: blocks along attention items. */
-static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid)
+ * att_grid: blocks along attention items; att_own: one an item (else they loop). */
+static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid, bool att_own)
 {
         const BkConfig *c = &b->cfg;
         uint32_t H = c->hidden;
@@ -1422,9 +1425,9 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
-                        attention_mla(b, L, l, rows, att_grid);
+                        attention_mla(b, L, l, rows, att_grid, att_own);
                 else
-                        attention_gqa(b, L, l, rows, att_grid);
+                        attention_gqa(b, L, l, rows, att_grid, att_own);
 
                 /* output projection and residual, ffn rmsnorm */
                 s = linear(b, &L->o, b->att, rows, b->part);
@@ -1750,7 +1753,7 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
                 r = sample_upload(b, p, seqs, p->rows, err);
         if (r < 0)
                 return r;
-        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items);
+        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true);
         CU_TRY(cudaGetLastError(), "kernel launch");
         r = blas_check(b, err);
         if (r < 0)
@@ -1871,8 +1874,8 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
                  * A decode row in a small step has at most 64 items up to 8192 positions
                  * (att_chunk), so one block per item there: an item is a chain of
                  * dependent loads, and a block looping over items waits on each in turn. */
-                forward(b, bucket, bucket,
-                        bucket <= ATT_SMALL_STEP ? bucket * 64u : (uint32_t) b->n_sm * 2);
+                bool small = bucket <= ATT_SMALL_STEP;
+                forward(b, bucket, bucket, small ? bucket * 64u : (uint32_t) b->n_sm * 2, small);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 cudaError_t e = cudaSuccess;
