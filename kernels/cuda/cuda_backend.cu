@@ -135,6 +135,7 @@ struct Backend {
         __half *ehb;              /* (pairs, expert_dim) */
         uint32_t *ridx, *eids, *eoff, *elist;
         float *rw, *moe_y;        /* (pairs), (rows, hidden) */
+        float *rlog;              /* (rows, n_routed): router logits made by add_norm */
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
         uint32_t *meta_d, *meta_h;
@@ -297,7 +298,7 @@ static void weights_free(Backend *b)
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
-                b->spart};
+                b->spart, b->rlog};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         cudaFreeHost(b->meta_h);
@@ -312,7 +313,7 @@ static void weights_free(Backend *b)
         b->xn = b->att = b->hb = b->w16 = NULL;
         b->ml = NULL;
         b->ids_d = NULL;
-        b->epart = b->edpart = b->rw = b->moe_y = b->spart = NULL;
+        b->epart = b->edpart = b->rw = b->moe_y = b->spart = b->rlog = NULL;
         b->xq = b->olat = b->ehb = NULL;
         b->ridx = b->eids = b->eoff = b->elist = NULL;
         b->meta_d = b->meta_h = NULL;
@@ -769,6 +770,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->eoff, (slots + 1) * 4, "routing offsets");
                 DALLOC(b->eids, slots * 4, "routing slots");
                 DALLOC(b->moe_y, R * c->hidden * 4, "MoE outputs");
+                DALLOC(b->rlog, R * mc->n_routed * 4, "router logits");
                 if (mc->n_shared) {
                         size_t sp = 0;
                         for (uint32_t l = 0; l < c->n_layers; l++) {
@@ -1305,14 +1307,18 @@ static void experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t sl
                         x_div, x, ldx, y, stride, hb);
 }
 
-/* The MoE MLP (DeepSeek) of the rows from b->xn: the pairs' down partials into b->edpart,
- * slices *ret_stride apart, to be summed as *ret says (the routed experts weighted, plus the
- * shared experts) by the add_norm that follows. Returns the slices. */
-static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *ret,
-        size_t *ret_stride)
+/* How a MoE layer runs a step of rows rows: the routing, the experts' launches and slots. */
+typedef struct MoePlan {
+        CuRoute rt;
+        bool grouped, few;
+        uint32_t K, E, pairs, slots, slot_rows;
+} MoePlan;
+
+static MoePlan moe_plan(const Backend *b, uint32_t rows)
 {
-        const BkConfig *c = &b->cfg;
-        const BkMoeConfig *mc = &c->moe;
+        const BkMoeConfig *mc = &b->cfg.moe;
+        MoePlan p = {};
+        p.rt = b->route;
         /* From 8 rows per routed expert on average (a pass of the expert GEMV) the experts
          * go through the grouped GEMM, which reads an expert's weights once per 32 of its
          * rows, not once per 8: on V2-Lite it made prefill 512 27% faster, and batch 32
@@ -1321,21 +1327,67 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
          * GEMV), the shared experts' slices ride along with the routed experts as more
          * pairs at weight 1, three launches fewer; else they run as one MLP through
          * linear(), on a second stream beside the routing and the routed experts. */
-        CuRoute rt = b->route;
-        bool grouped = rows * mc->top_k >= 8 * mc->n_routed;
-        rt.n_shared = rows <= 8 || grouped ? mc->n_shared : 0;
-        uint32_t K = mc->top_k + rt.n_shared, E = mc->n_routed + rt.n_shared;
-        uint32_t H = c->hidden, pairs = rows * K, slots = MIN(E, pairs);
+        p.grouped = rows * mc->top_k >= 8 * mc->n_routed;
+        p.rt.n_shared = rows <= 8 || p.grouped ? mc->n_shared : 0;
+        p.K = mc->top_k + p.rt.n_shared;
+        p.E = mc->n_routed + p.rt.n_shared;
+        p.pairs = rows * p.K;
+        p.slots = MIN(p.E, p.pairs);
         /* K slices pay off while few experts are touched; with many, the experts alone fill
          * the GPU (and the one-slice partials are what the scratch holds for big tiles) */
-        bool few = !grouped && slots * 4 <= E;
+        p.few = !p.grouped && p.slots * 4 <= p.E;
         /* One-slice expert GEMVs: an expert's pairs go in slots of one pass each, so that
          * an expert of 9 to 16 rows runs its two passes in two CTAs side by side instead
          * of one after the other in one; the grid is sized for the most slots that can
          * take. */
-        uint32_t slot_rows = grouped || few ? 0 : EXPERT_PASS;
-        if (slot_rows)
-                slots = MIN(E + pairs / slot_rows, pairs);
+        p.slot_rows = p.grouped || p.few ? 0 : EXPERT_PASS;
+        if (p.slot_rows)
+                p.slots = MIN(p.E + p.pairs / p.slot_rows, p.pairs);
+        return p;
+}
+
+/* Whether the add_norm before layer L's MoE makes its router logits (into b->rlog), and at
+ * one row routes and groups them too: *rr says how. The router's GEMV, and at one row the
+ * routing launch, then go (V2-Lite batch 1 1.0% faster, batch 8 1.7%; docs/PERF.md, tenth
+ * session). */
+static bool norm_router(Backend *b, const CuLayer *L, uint32_t rows, const MoePlan *mp,
+        CuNormRouter *rr)
+{
+        const CuLinear *r = &L->router;
+        if (!r->out || r->awq || !r->w || r->bias ||
+                !cu_add_norm_routes(rows, b->cfg.hidden, b->cfg.moe.n_routed))
+                return false;
+        *rr = CuNormRouter{};
+        rr->w = r->w;
+        rr->kp = r->kp;
+        rr->logits = b->rlog;
+        rr->rt = mp->rt;
+        if (rows == 1) {
+                rr->bias = L->score_bias;
+                rr->idx = b->ridx;
+                rr->rw = b->rw;
+                rr->n_slots = mp->slots;
+                rr->slot_rows = mp->slot_rows;
+                rr->ids = b->eids;
+                rr->off = b->eoff;
+                rr->list = b->elist;
+        }
+        return true;
+}
+
+/* The MoE MLP (DeepSeek) of the rows from b->xn as mp plans it: the pairs' down partials
+ * into b->edpart, slices *ret_stride apart, to be summed as *ret says (the routed experts
+ * weighted, plus the shared experts) by the add_norm that follows. Returns the slices. rr:
+ * what of the routing the add_norm before did (norm_router), or NULL. */
+static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePlan *mp,
+        const CuNormRouter *rr, CuMoeSum *ret, size_t *ret_stride)
+{
+        const BkConfig *c = &b->cfg;
+        const BkMoeConfig *mc = &c->moe;
+        CuRoute rt = mp->rt;
+        bool grouped = mp->grouped, few = mp->few;
+        uint32_t K = mp->K, H = c->hidden, pairs = mp->pairs, slots = mp->slots;
+        uint32_t slot_rows = mp->slot_rows;
         const CuLinear *gu = few ? &L->e_gu : &L->e_gu1, *dn = few ? &L->e_down : &L->e_down1;
         size_t gstride = (size_t) pairs * gu->out, dstride = (size_t) pairs * H;
 
@@ -1361,10 +1413,18 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, CuMoeSum *r
                 shared = b->spart;
         }
 
-        /* router logits in float32, each row's experts and weights, pairs grouped by expert */
-        uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
-        cu_moe_route_group(b->st, b->part, s, (size_t) rows * mc->n_routed, L->score_bias, rt,
-                rows, b->ridx, b->rw, slots, slot_rows, b->eids, b->eoff, b->elist);
+        /* router logits in float32, each row's experts and weights, pairs grouped by expert
+         * (what of it the add_norm before did not do) */
+        if (!rr) {
+                uint32_t s = linear(b, &L->router, b->xn, rows, b->part);
+                cu_moe_route_group(b->st, b->part, s, (size_t) rows * mc->n_routed,
+                        L->score_bias, rt, rows, b->ridx, b->rw, slots, slot_rows, b->eids,
+                        b->eoff, b->elist);
+        } else if (!rr->idx) {
+                cu_moe_route_group(b->st, rr->logits, 1, (size_t) rows * mc->n_routed,
+                        L->score_bias, rt, rows, b->ridx, b->rw, slots, slot_rows, b->eids,
+                        b->eoff, b->elist);
+        }
 
         /* every pair's gate|up, swiglu (in the GEMV where the tiles are paired and it has
          * one slice), down */
@@ -1421,7 +1481,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm */
                 cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe,
-                        L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true);
+                        L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true, NULL);
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
@@ -1431,13 +1491,21 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* output projection and residual, ffn rmsnorm */
                 s = linear(b, &L->o, b->att, rows, b->part);
+                MoePlan mp = {};
+                CuNormRouter rr;
+                bool routed = false;
+                if (L->router.out) {
+                        mp = moe_plan(b, rows);
+                        routed = norm_router(b, L, rows, &mp, &rr);
+                }
                 cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, NULL,
-                        L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true);
+                        L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true,
+                        routed ? &rr : NULL);
 
                 /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
                  * add opens the next layer */
                 if (L->router.out) {
-                        prev_s = mlp_moe(b, L, rows, &moe, &prev_stride);
+                        prev_s = mlp_moe(b, L, rows, &mp, routed ? &rr : NULL, &moe, &prev_stride);
                         prev = b->edpart;
                         prev_bias = NULL;
                         prev_moe = &moe;
@@ -1453,7 +1521,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
         /* last residual add and final rmsnorm of the rows whose logits are wanted */
         cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe, b->final_norm,
-                b->xn, n_out, H, c->rms_eps, b->meta.out_row, false);
+                b->xn, n_out, H, c->rms_eps, b->meta.out_row, false, NULL);
 
         /* lm_head (one slice: it is wide enough) and sampling */
         linear(b, &b->lm_head, b->xn, n_out, b->logits);

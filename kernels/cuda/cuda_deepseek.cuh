@@ -95,6 +95,22 @@ typedef struct CuRoute {
         uint32_t n_shared; /* shared expert slices appended to each row, at weight 1 */
 } CuRoute;
 
+/* A MoE layer's router in the add_norm before it (cu_add_norm, cu_add_norm_routes): the
+ * logits (rows, n_routed) of the FP16 router w (n_routed, kp) on the normed rows; at one
+ * row, with idx set, also the routing and grouping cu_moe_route_group would do with
+ * them, so that neither the router's GEMV nor the routing is a launch of its own. */
+typedef struct CuNormRouter {
+        const __half *w;
+        uint32_t kp;
+        float *logits;
+        const float *bias; /* e_score_correction_bias or NULL */
+        CuRoute rt;
+        uint32_t *idx;
+        float *rw;
+        uint32_t n_slots, slot_rows;
+        uint32_t *ids, *off, *list;
+} CuNormRouter;
+
 /* Each row's top_k experts in ascending id and their weights, from the router logits
  * (partials, row stride n_routed) as cpu_moe_route decides, then its n_shared shared
  * slices (experts n_routed ..) at weight 1: idx, w (rows, top_k + n_shared). bias:

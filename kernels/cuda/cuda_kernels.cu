@@ -13,6 +13,7 @@ extern "C" {
 #include "cuda_deepseek.cuh"
 #include "cuda_kernels.cuh"
 #include "cuda_ptx.cuh"
+#include "cuda_route.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -88,15 +89,67 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
 #define ADD_NORM_PER     4
 #define ADD_NORM_LOADS   8 /* partial slices loaded at once */
 
-template <bool MOE>
+/* add_norm's router epilogue (ROUTE 1: the logits; 2, one row: also the routing and the
+ * grouping, as k_moe_route_group does them). Each thread's dot product over its segment in
+ * order, the rq segments of an expert by a shuffle tree, the blocks' partials in rank
+ * order by block 0: a fixed order, so a row's logits do not depend on the other rows. */
+template <int ROUTE>
+__device__ __forceinline__ void norm_router(const CuNormRouter &rr, const uint4 *rwv,
+        const __half *xs_s, float (*rpart_s)[ROUTE_MAX], uint32_t re, uint32_t rs, uint32_t rq,
+        uint32_t seg, bool rlive, uint32_t c, uint32_t j, cg::cluster_group &cluster)
+{
+        __syncthreads(); /* the slice in xs_s */
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t k = 0; k < 8; k++) {
+                if (8 * k >= seg)
+                        break;
+                const __half2 *wh = (const __half2 *) &rwv[k];
+                const __half2 *xh = (const __half2 *) (xs_s + rs * seg + 8 * k);
+#pragma unroll
+                for (uint32_t m = 0; m < 4; m++) {
+                        float2 wf = __half22float2(wh[m]), xf = __half22float2(xh[m]);
+                        acc = fmaf(wf.x, xf.x, acc);
+                        acc = fmaf(wf.y, xf.y, acc);
+                }
+        }
+        for (uint32_t o = rq / 2; o > 0; o >>= 1)
+                acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (rlive && rs == 0)
+                *cluster.map_shared_rank(&rpart_s[c][re], 0) = acc;
+        cluster.sync();
+        if (c != 0)
+                return;
+        uint32_t E = rr.rt.n_routed;
+        for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
+                float v = 0.0f;
+                for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
+                        v += rpart_s[k][e];
+                rr.logits[(size_t) j * E + e] = v;
+        }
+        if (ROUTE == 2) {
+                /* the block's own stores are visible to it after the barrier */
+                __syncthreads();
+                if (threadIdx.x < 32)
+                        route_row(rr.logits, 1, E, rr.bias, rr.rt, 0, rr.idx, rr.rw);
+                __syncthreads();
+                group_pairs(rr.idx, rr.rt.top_k + rr.rt.n_shared, E + rr.rt.n_shared, rr.n_slots,
+                        rr.slot_rows, rr.ids, rr.off, rr.list);
+        }
+}
+
+template <bool MOE, int ROUTE>
 __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
                 const float *__restrict__ bias, const CuMoeSum moe,
                 const float *__restrict__ w, __half *xn, uint32_t hidden, float eps,
-                const uint32_t *out_row, bool write_res)
+                const uint32_t *out_row, bool write_res, const CuNormRouter rr, uint32_t rq)
 {
         __shared__ float red[32];
         __shared__ float ss_all[ADD_NORM_CTAS]; /* the blocks' sums of squares, by rank */
+        /* ROUTE: the block's normed slice, and (rank 0) every block's router partials */
+        __shared__ __half xs_s[ROUTE ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
+        __shared__ float rpart_s[ROUTE ? ADD_NORM_CTAS : 1][ROUTE ? ROUTE_MAX : 1];
         cg::cluster_group cluster = cg::this_cluster();
         uint32_t c = cluster.block_rank(), chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
         uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
@@ -112,6 +165,16 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 wn[e] = i < hi ? w[i] : 0.0f;
                 bs[e] = i < hi && bias ? bias[i] : 0.0f;
         }
+        /* ROUTE: thread t takes expert t / rq over segment t % rq of the block's slice (seg
+         * halves, at most 64), its router weights loaded before the wait as well */
+        uint32_t re = threadIdx.x / rq, rs = threadIdx.x % rq, seg = chunk / rq;
+        bool rlive = ROUTE && re < rr.rt.n_routed;
+        uint4 rwv[ROUTE ? 8 : 1];
+#pragma unroll
+        for (uint32_t k = 0; k < (ROUTE ? 8u : 1u); k++)
+                rwv[k] = ROUTE && rlive && 8 * k < seg
+                                 ? *(const uint4 *) (rr.w + (size_t) re * rr.kp + lo + rs * seg + 8 * k)
+                                 : make_uint4(0, 0, 0, 0);
         pdl_wait();
         pdl_trigger();
 
@@ -204,9 +267,15 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
                 uint32_t i = lo + threadIdx.x + e * ADD_NORM_THREADS;
-                if (i < hi)
-                        xn[(size_t) j * hidden + i] = __float2half(wn[e] * (a[e] * inv));
+                if (i < hi) {
+                        __half h = __float2half(wn[e] * (a[e] * inv));
+                        xn[(size_t) j * hidden + i] = h;
+                        if (ROUTE)
+                                xs_s[threadIdx.x + e * ADD_NORM_THREADS] = h;
+                }
         }
+        if constexpr (ROUTE > 0)
+                norm_router<ROUTE>(rr, rwv, xs_s, rpart_s, re, rs, rq, seg, rlive, c, j, cluster);
 }
 
 /* Steps of more than ADD_NORM_MANY rows: one block of ADD_NORM_GROUPS groups of
@@ -303,9 +372,33 @@ __global__ void __launch_bounds__(ADD_NORM_GROUPS * ADD_NORM_THREADS) k_add_norm
                         }
 }
 
+#define ROUTER_ROWS 8
+
+/* Segments an expert's router dot product takes in a block's slice of hidden (rq in
+ * k_add_norm): the most, up to a warp, that leave every expert's threads in the block and
+ * whole 16-byte pieces in each segment; 0 where a segment would be over 64 halves. */
+static uint32_t router_segs(uint32_t hidden, uint32_t n_routed)
+{
+        uint32_t chunk = hidden / ADD_NORM_CTAS, rq = 1;
+        if (n_routed == 0 || n_routed > ROUTE_MAX || hidden % (8 * ADD_NORM_CTAS) != 0)
+                return 0;
+        while (rq < 32 && 2 * rq * n_routed <= ADD_NORM_THREADS && chunk % (16 * rq) == 0)
+                rq *= 2;
+        return rq * n_routed <= ADD_NORM_THREADS && chunk / rq <= 64 ? rq : 0;
+}
+
+bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed)
+{
+        /* up to 8 rows: V2-Lite batch 1 1.0% and batch 8 1.7% faster; batch 32 was 3% slower
+         * (docs/PERF.md, tenth session) */
+        return rows <= ROUTER_ROWS && hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER &&
+               router_segs(hidden, n_routed) > 0;
+}
+
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
-        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res)
+        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res,
+        const CuNormRouter *router)
 {
         CuMoeSum m = {};
         if (moe && rows > ADD_NORM_MOE) {
@@ -323,9 +416,16 @@ void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
                 return;
         }
         dim3 grid(ADD_NORM_CTAS, rows);
-        auto k = m.w ? k_add_norm<true> : k_add_norm<false>;
+        CuNormRouter rr = {};
+        uint32_t rq = 1;
+        auto k = m.w ? k_add_norm<true, 0> : k_add_norm<false, 0>;
+        if (router && !m.w) {
+                rr = *router;
+                rq = router_segs(hidden, rr.rt.n_routed);
+                k = rows == 1 && rr.idx ? k_add_norm<false, 2> : k_add_norm<false, 1>;
+        }
         k<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, m, w, xn, hidden,
-                eps, out_row, write_res);
+                eps, out_row, write_res, rr, rq);
 }
 
 #define TRY(call, what)                                                                            \
@@ -373,13 +473,13 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
         /* all rows at once, then in passes small enough for the cluster kernel */
         cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL,
                 NULL, w_d, o_d, t->rows, t->hidden, t->eps, t->out_row ? r_d : NULL,
-                t->write_res);
+                t->write_res, NULL);
         for (uint32_t r0 = 0; r0 < t->rows; r0 += ADD_NORM_MANY) {
                 uint32_t n = t->rows - r0 < ADD_NORM_MANY ? t->rows - r0 : ADD_NORM_MANY;
                 size_t skip = t->out_row ? 0 : (size_t) r0 * t->hidden;
                 cu_add_norm(0, x2 + skip, t->part ? p_d + skip : NULL, t->splits, xn_floats,
                         t->bias ? b_d : NULL, NULL, w_d, o2 + (size_t) r0 * t->hidden, n,
-                        t->hidden, t->eps, t->out_row ? r_d + r0 : NULL, t->write_res);
+                        t->hidden, t->eps, t->out_row ? r_d + r0 : NULL, t->write_res, NULL);
         }
         TRY(cudaGetLastError(), "launch");
         TRY(cudaDeviceSynchronize(), "run");

@@ -83,10 +83,19 @@ typedef struct CuMoeSum {
 /* For j < rows, r = out_row ? out_row[j] : j: v = x[r] + sum of part's slices + bias;
  * x[r] = v when write_res; xn[j] = rmsnorm(v) * w. part may be NULL (v = x[r]). With moe,
  * part holds a MoE layer's pair partials instead (moe->rows * top_k of hidden a slice),
- * v = x[r] + their sum as moe says (in moe->y first, for many rows), and bias is NULL. */
+ * v = x[r] + their sum as moe says (in moe->y first, for many rows), and bias is NULL.
+ * router (not with moe; NULL: none): also the router's logits of xn, where
+ * cu_add_norm_routes says so (cuda_deepseek.cuh). */
+struct CuNormRouter;
 void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
-        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res);
+        uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res,
+        const struct CuNormRouter *router);
+
+/* Whether cu_add_norm takes a router of n_routed experts at rows rows of hidden: the
+ * cluster kernel's rows, each block's slice of the row in whole 16-byte pieces for every
+ * expert's threads. */
+bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed);
 
 /* Sums the fused q|k|v partials plus bias, rotates q and k (rotate-half), writes q to
  * q_out (rows, n_heads*head_dim) and k, v as FP16 into the layer's cache at each row's

@@ -7,10 +7,11 @@
  *    within 1e-5 relative;
  *  - prefills of eighteen sequences (one chunked, 200 tokens: latent items of several
  *    chunks, W_UK and W_UV over several 64-row groups, experts with more than 16 rows, the
- *    cuBLAS path), two decode steps of six of them (a small step: many 32-position items a
- *    row) and two of all eighteen (more than 8 sequences and 16 rows: 160-position items,
- *    several row tiles), logits within 1e-2 relative error of the CPU's for every row but
- *    where routing met a near tie (see rows_err);
+ *    cuBLAS path; its first chunk of one row routes in add_norm's router epilogue, and
+ *    steps of up to 32 rows take their router logits from it), two decode steps of six of them (a
+ * small step: many 32-position items a row) and two of all eighteen (more than 8 sequences and 16
+ * rows: 160-position items, several row tiles), logits within 1e-2 relative error of the CPU's for
+ * every row but where routing met a near tie (see rows_err);
  *  - 24 greedy decode steps of 5 and of 20 sequences after 20-token prompts: graph
  *    replays give the ids eager steps give. */
 #include "cpu_moe.h"
@@ -327,8 +328,8 @@ int main(void)
                 /* DeepSeek-V3/R1: 256 experts in 8 groups, noaux_tc sigmoid with a bias */
                 {256, 1, 8, 64, 0, 1, 8, 4, BK_TOPK_NOAUX_TC, BK_SCORING_SIGMOID, true, 2.5f},
                 /* DeepSeek-V2: 160 experts in 8 groups, group-limited softmax */
-                {160, 2, 6, 64, 0, 1, 8, 3, BK_TOPK_GROUP_LIMITED_GREEDY, BK_SCORING_SOFTMAX,
-                        false, 16.0f},
+                {160, 2, 6, 64, 0, 1, 8, 3, BK_TOPK_GROUP_LIMITED_GREEDY, BK_SCORING_SOFTMAX, false,
+                        16.0f},
                 /* an expert count that fills no column: 100, greedy */
                 {100, 0, 6, 64, 0, 1, 1, 1, BK_TOPK_GREEDY, BK_SCORING_SOFTMAX, false, 1.0f},
         };
