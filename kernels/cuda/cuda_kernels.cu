@@ -94,7 +94,7 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, 
  * order, the rq segments of an expert by a shuffle tree, the blocks' partials in rank
  * order by block 0: a fixed order, so a row's logits do not depend on the other rows. */
 template <int ROUTE>
-__device__ __forceinline__ void norm_router(const CuNormRouter &rr, const uint4 *rwv,
+__device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const uint4 *rwv,
         const __half *xs_s, float (*rpart_s)[ROUTE_MAX], uint32_t re, uint32_t rs, uint32_t rq,
         uint32_t seg, bool rlive, uint32_t c, uint32_t j, cg::cluster_group &cluster)
 {
@@ -127,7 +127,7 @@ __device__ __forceinline__ void norm_router(const CuNormRouter &rr, const uint4 
                         v += rpart_s[k][e];
                 rr.logits[(size_t) j * E + e] = v;
         }
-        if (ROUTE == 2) {
+        if constexpr (ROUTE == 2) {
                 /* the block's own stores are visible to it after the barrier */
                 __syncthreads();
                 if (threadIdx.x < 32)
@@ -270,12 +270,13 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 if (i < hi) {
                         __half h = __float2half(wn[e] * (a[e] * inv));
                         xn[(size_t) j * hidden + i] = h;
-                        if (ROUTE)
+                        if constexpr (ROUTE > 0)
                                 xs_s[threadIdx.x + e * ADD_NORM_THREADS] = h;
                 }
         }
         if constexpr (ROUTE > 0)
-                norm_router<ROUTE>(rr, rwv, xs_s, rpart_s, re, rs, rq, seg, rlive, c, j, cluster);
+                router_epilogue<ROUTE>(rr, rwv, xs_s, rpart_s, re, rs, rq, seg, rlive, c, j,
+                        cluster);
 }
 
 /* Steps of more than ADD_NORM_MANY rows: one block of ADD_NORM_GROUPS groups of
