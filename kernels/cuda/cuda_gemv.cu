@@ -436,11 +436,11 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * session). */
 #define AWQ_ES     3
 #define AWQ_ES_CTA 12
-/* Warps of an expert GEMV CTA, splitting its chunks: 2, not AWQ_KW, so that each warp
- * walks twice the chunks per pass, and its fixed cost (row gathering, first loads, the
- * sums meeting in shared memory) weighs half as much: at V2-Lite's 32 and 22 chunks a
- * matrix, a pass was 8 or 5.5 chunks of 182 instructions a warp plus about 600 more (SASS,
- * sixth session). */
+/* Warps of an expert GEMV CTA, splitting its chunks (where the grid is small, see
+ * AWQ_EKW_FEW): 2, not AWQ_KW, so that each warp walks twice the chunks per pass, and its
+ * fixed cost (row gathering, first loads, the sums meeting in shared memory) weighs half as
+ * much: at V2-Lite's 32 and 22 chunks a matrix, a pass was 8 or 5.5 chunks of 182
+ * instructions a warp plus about 600 more (SASS, sixth session). */
 #define AWQ_EKW 2
 #define AWQ_XS 80 /* halves per x row of a stage: 64 and 16 of padding, so that the B loads
                    * of a half warp hit 32 distinct banks */
@@ -452,13 +452,23 @@ __host__ __device__ constexpr uint32_t awq_stage_bytes(bool g64)
 {
         return AWQ_NT * 512 + (g64 ? 1 : 2) * AWQ_NT * 64 + 8 * AWQ_XS * 2;
 }
-static_assert(AWQ_EKW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
+/* Steps of few pairs leave the expert GEMV's CTAs few to an SM (V2-Lite batch 1: 8 slots,
+ * 704 gate|up CTAs, 5 an SM): where a grid of CTAs of AWQ_EKW_FEW warps is still one wave,
+ * those split the slice's chunks four ways, so that twice the warps and loads are in
+ * flight (V2-Lite batch 1 2% faster; docs/PERF.md, eleventh session). The K split differs,
+ * so the sums' order does: a batch-size class boundary. */
+#define AWQ_EKW_FEW 4
+static_assert(AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
         "the expert GEMV's stages need no opt-in");
+/* A pass's sums meet in its warps' stages, not in shared memory of their own: shared
+ * memory is what limits the CTAs an SM holds (4-warp CTAs: 6 instead of 5, so that V2-Lite
+ * batch 1 is one wave; 2-warp CTAs: V2-Lite batch 64 0.6% faster). */
+static_assert(AWQ_ES * awq_stage_bytes(true) >= sizeof(AwqRed), "a warp's sums fit its stages");
 
-template <bool G64>
+template <bool G64, int KW>
 __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *qw,
         const uint2 *sz, uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
-        char *stages, AwqRed *red)
+        char *stages0, char *stages)
 {
         constexpr int Q = G64 ? 1 : 2, S = AWQ_ES;
         constexpr uint32_t WB = AWQ_NT * 512, SB = Q * AWQ_NT * 64, SBYTES = awq_stage_bytes(G64);
@@ -545,25 +555,47 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
         }
         cp_async_wait<0>();
         pdl_trigger();
-        awq_store<1, AWQ_EKW>(a, c, tile0, p0, pr, red);
+        __syncthreads(); /* every warp is done with its stages: red takes their space */
+        awq_store<1, KW>(a, c, tile0, p0, pr, (AwqRed *) stages0);
 }
 
-template <bool G64>
-__global__ void __launch_bounds__(AWQ_EKW * 32, AWQ_ES_CTA) k_gemv_experts(const AwqArgs a)
+template <bool G64, int KW>
+__global__ void __launch_bounds__(KW * 32, AWQ_ES_CTA * AWQ_EKW / KW)
+        k_gemv_experts(const AwqArgs a)
 {
-        __shared__ AwqRed red[AWQ_EKW];
         extern __shared__ __align__(16) char awq_stages[];
         pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;
         uint32_t r0 = a.off[blockIdx.z], r1 = a.off[blockIdx.z + 1];
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
-        awq_slice<AWQ_EKW>(a, &c0, &c1, &w0, &w1);
+        awq_slice<KW>(a, &c0, &c1, &w0, &w1);
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         char *stages = awq_stages + threadIdx.x / 32 * AWQ_ES * awq_stage_bytes(G64);
         for (uint32_t p0 = r0; p0 < r1; p0 += 8)
-                awq_pass_staged<G64>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0), stages,
-                        red);
+                awq_pass_staged<G64, KW>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0),
+                        awq_stages, stages);
+}
+
+/* CTAs of AWQ_EKW_FEW warps the GPU holds at once, asked of the runtime once per kind
+ * (the backend launches from one thread). */
+static uint32_t experts_few_wave(bool g64)
+{
+        static int wave[2] = {-1, -1};
+        int &n = wave[g64];
+        if (n < 0) {
+                int dev = 0, sms = 0, per = 0;
+                auto k = g64 ? k_gemv_experts<true, AWQ_EKW_FEW>
+                             : k_gemv_experts<false, AWQ_EKW_FEW>;
+                if (cudaGetDevice(&dev) != cudaSuccess ||
+                        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
+                                cudaSuccess ||
+                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, AWQ_EKW_FEW * 32,
+                                AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(g64)) != cudaSuccess)
+                        sms = per = 0;
+                n = sms * per;
+        }
+        return (uint32_t) n;
 }
 
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
@@ -582,8 +614,13 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
                 l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
-        auto k = g64 ? k_gemv_experts<true> : k_gemv_experts<false>;
-        k<<<grid, AWQ_EKW * 32, AWQ_EKW * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
+        bool few = (size_t) grid.x * grid.y * grid.z <= experts_few_wave(g64) &&
+                   a.chunks / l->splits >= AWQ_EKW_FEW;
+        uint32_t warps = few ? AWQ_EKW_FEW : AWQ_EKW;
+        auto k = few ? (g64 ? k_gemv_experts<true, AWQ_EKW_FEW>
+                            : k_gemv_experts<false, AWQ_EKW_FEW>)
+                     : (g64 ? k_gemv_experts<true, AWQ_EKW> : k_gemv_experts<false, AWQ_EKW>);
+        k<<<grid, warps * 32, warps * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
 }
 
 /* ---------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@
  * not of the 16-column tile; the GEMM falls back to the GEMV where it needs multiples).
  * Then the contract that a pair's result does not depend on the other rows of its
  * expert: the rows listed in reverse and some pairs moved to other experts leave every
- * other pair's result bit for bit the same. Tolerance: relative error 3e-3 per pair (the
+ * other pair's result bit for bit the same; and one token (one row an expert) against the
+ * CPU and bit for bit against the same token twice. Tolerance: relative error 3e-3 per pair (the
  * GPU rounds x to FP16). */
 #include "cpu_linear.h"
 #include "gpu_util.h"
@@ -83,6 +84,50 @@ static double check_kernel(const BkLinear *ex, const uint32_t *expert_of, uint32
         return worst;
 }
 
+/* One token of TOP_K pairs, one row an expert, as a batch-1 decode step gives them (where
+ * the grid is one wave of them, in CTAs of 4 warps): against want, then bit for bit
+ * against the same token twice (two rows an expert). Returns the worst relative error. */
+static double check_one_token(const BkLinear *ex, uint32_t in, uint32_t out, uint32_t gs)
+{
+        DsError err = {0};
+        uint32_t expert_of[2 * TOP_K];
+        float *x = rnd_f32((size_t) 2 * in, -2.0f, 2.0f);
+        float *want = (float *) rnd_alloc((size_t) TOP_K * out * 4);
+        float *got = (float *) rnd_alloc((size_t) 2 * TOP_K * out * 4);
+        float *again = (float *) rnd_alloc((size_t) 2 * TOP_K * out * 4);
+        float *scratch = (float *) rnd_alloc(cpu_linear_scratch_size(&ex[0]) * 4);
+        double worst = 0;
+
+        memcpy(x + in, x, (size_t) in * 4);
+        for (uint32_t p = 0; p < 2 * TOP_K; p++)
+                expert_of[p] = (p % TOP_K * 5 + 1) % EXPERTS; /* distinct within a token */
+        for (uint32_t p = 0; p < TOP_K; p++)
+                cpu_linear(&ex[expert_of[p]], x, 1, want + (size_t) p * out, scratch, NULL);
+        CHECK(cuda_test_experts(ex, EXPERTS, expert_of, TOP_K, TOP_K, false, false, x, got, &err) ==
+                        0,
+                "%s", err.msg);
+        for (uint32_t p = 0; p < TOP_K; p++) {
+                double e = rel_err(got + (size_t) p * out, want + (size_t) p * out, out);
+                CHECK(e < TOL,
+                        "GEMV %u->%u g%u one token, pair %u (expert %u): relative error "
+                        "%.3g",
+                        in, out, gs, p, expert_of[p], e);
+                worst = fmax(worst, e);
+        }
+        CHECK(cuda_test_experts(
+                      ex, EXPERTS, expert_of, 2 * TOP_K, TOP_K, false, false, x, again, &err) == 0,
+                "%s", err.msg);
+        CHECK(memcmp(got, again, (size_t) TOP_K * out * 4) == 0,
+                "GEMV %u->%u g%u: one token's result changed when its experts got two rows", in,
+                out, gs);
+        free(x);
+        free(want);
+        free(got);
+        free(again);
+        free(scratch);
+        return worst;
+}
+
 static double check(uint32_t in, uint32_t out, uint32_t gs, uint32_t x_div)
 {
         uint32_t top_k = x_div > 1 ? x_div : TOP_K, n_pairs = TOKENS * top_k;
@@ -102,6 +147,7 @@ static double check(uint32_t in, uint32_t out, uint32_t gs, uint32_t x_div)
         double worst = check_kernel(ex, expert_of, n_pairs, x_div, false, x, want, in, out, gs);
         worst = fmax(
                 worst, check_kernel(ex, expert_of, n_pairs, x_div, true, x, want, in, out, gs));
+        worst = fmax(worst, check_one_token(ex, in, out, gs));
         free(expert_of);
         free(x);
         free(want);
