@@ -17,7 +17,8 @@
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
 #        failure is reported, the timing goes on). --gemv: no checkpoints and no
 #        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
-#        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz
+#        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second
+#        run in the same command: ab-logs-2.tgz, and so on)
 #        (the run tool returns at most 8 files); without $OUT they stay in /tmp/ab.
 set -eu
 
@@ -181,7 +182,13 @@ run() {
                 done
         fi
         if [ -n "${OUT:-}" ]; then
-                tar czf "$OUT/ab-logs.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+                # a second run in the same device command keeps the first one's logs
+                logs=$OUT/ab-logs.tgz n=1
+                while [ -e "$logs" ]; do
+                        n=$((n + 1))
+                        logs=$OUT/ab-logs-$n.tgz
+                done
+                tar czf "$logs" -C "$(dirname "$out")" "$(basename "$out")"
         fi
 }
 
