@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* bench-gemv: the INT4 GEMV alone (cuda_bench_awq), launches replayed from a CUDA graph with
- * the weights coming from DRAM: the Qwen2-7B linears (g128) at 1, 8 and 16 rows, the
+ * the weights coming from DRAM: the Qwen2-7B and 32B linears (g128) at 1, 8 and 16 rows, the
  * DeepSeek-V2-Lite expert GEMV (64 experts, top-6, g64) at 1, 8 and 16 tokens, and the 7B
  * gate_up and down through the expert GEMV as one expert. Prints microseconds per launch
  * and the weight bytes read per second. Exits 77 without a device. */
@@ -19,6 +19,10 @@ int main(void)
                 {"7B o", 3584, 3584, 128, 0, 0},
                 {"7B gate_up", 3584, 37888, 128, 0, 0},
                 {"7B down", 18944, 3584, 128, 0, 0},
+                {"32B qkv", 5120, 7168, 128, 0, 0},
+                {"32B o", 5120, 5120, 128, 0, 0},
+                {"32B gate_up", 5120, 55296, 128, 0, 0},
+                {"32B down", 27648, 5120, 128, 0, 0},
                 {"V2-Lite expert gate_up", 2048, 2816, 64, 64, 6},
                 {"V2-Lite expert down", 1408, 2048, 64, 64, 6},
                 /* the 7B matrices through the staged expert kernel, as one expert of one
