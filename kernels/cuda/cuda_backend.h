@@ -93,6 +93,13 @@ int cuda_test_sample(const float *logits, uint32_t rows, uint32_t vocab, const B
 int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t rows, uint32_t n_experts,
         uint32_t top_k, double *us, double *bytes, uint32_t *splits, DsError *err);
 
+/* Bench hook: the decode graph that a step of rows rows last ran, replayed n times back to
+ * back with nothing between the replays (the same inputs, so the same work): *us per
+ * replay, the step's GPU time without the host's part (planning, the metadata and
+ * sampling uploads, the launch, the wait for the ids). -ENOENT when no such graph was
+ * captured (eager steps). */
+int cuda_bench_replay(Backend *b, uint32_t rows, uint32_t n, double *us, DsError *err);
+
 #ifdef __cplusplus
 }
 #endif

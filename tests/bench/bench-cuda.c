@@ -4,8 +4,10 @@
  * and 2048 tokens (TTFT at 2048), and decode tokens/s at batch 1, 8, 32, 64, 128 with
  * 512-token contexts, and the bytes a batch-1 step reads (for MoE, of the experts it
  * touches) against the copy bandwidth. Times are wall-clock medians of whole step() calls after
- * warm-up (the graph of each bucket is captured during warm-up). Exits 77 without a device or
- * without a model directory.
+ * warm-up (the graph of each bucket is captured during warm-up). Then each decode batch's
+ * graph replayed back to back (cuda_bench_replay, the mean of DECODE replays): the step
+ * without the host's part, whose difference from the step is the host's. Exits 77 without a
+ * device or without a model directory.
  *
  * For profiling one phase at a time (nsys, ncu), DSD_BENCH_ONLY names what runs, e.g.
  * "p2048" or "b1,b64": prefill lengths p512/p2048 and decode batches bN; what is skipped
@@ -230,6 +232,7 @@ int main(int argc, char **argv)
         /* decode: every sequence shares the 512-token prefix in blocks 0..31 (filled by the
          * last prefill) and owns blocks for what follows. */
         double dec[ELEMENTSOF(batches)] = {0}, dec_ms[ELEMENTSOF(batches)] = {0};
+        double replay_ms[ELEMENTSOF(batches)] = {0};
         uint32_t *tables = calloc((size_t) 128 * blocks_per_seq, sizeof(uint32_t));
         for (uint32_t s = 0; s < 128; s++)
                 for (uint32_t i = 0; i < blocks_per_seq; i++)
@@ -266,6 +269,12 @@ int main(int argc, char **argv)
                 nvtxRangePop();
                 dec_ms[k] = median(t, DECODE) * 1e3;
                 dec[k] = n / (dec_ms[k] * 1e-3);
+                /* not under a CUPTI injection (kernel-trace.c): its trace is of the last
+                 * steps, which must stay the steps measured above */
+                double us = 0;
+                if (!getenv("CUDA_INJECTION64_PATH") &&
+                        cuda_bench_replay(b, n, DECODE, &us, &err) == 0)
+                        replay_ms[k] = us * 1e-3;
         }
 
         double bytes = step_bytes(&model->bk, kvt, CTX);
@@ -282,6 +291,11 @@ int main(int argc, char **argv)
         for (size_t k = 0; k < ELEMENTSOF(batches); k++)
                 printf("| decode batch %u, ctx %u | %.3f ms/step, %.0f tok/s |\n", batches[k], CTX,
                         dec_ms[k], dec[k]);
+        for (size_t k = 0; k < ELEMENTSOF(batches); k++)
+                if (replay_ms[k] > 0)
+                        printf("| graph replays back to back, batch %u | %.3f ms/step: "
+                               "%.3f ms of the step is the host's |\n",
+                                batches[k], replay_ms[k], dec_ms[k] - replay_ms[k]);
         printf("| batch-1 bytes/step | %.2f GB, %.0f GB/s = %.0f%% of copy bandwidth |\n",
                 bytes / 1e9, achieved / 1e9, 100.0 * achieved / bw);
 
