@@ -9,8 +9,8 @@
  * Then the contract that a pair's result does not depend on the other rows of its
  * expert: the rows listed in reverse and some pairs moved to other experts leave every
  * other pair's result bit for bit the same; and one token (one row an expert) against the
- * CPU and bit for bit against the same token twice. Tolerance: relative error 3e-3 per pair (the
- * GPU rounds x to FP16). */
+ * CPU and bit for bit against the same token twice. Tolerance: relative error 3e-3 per pair
+ * (the GPU rounds x to FP16). */
 #include "cpu_linear.h"
 #include "gpu_util.h"
 
