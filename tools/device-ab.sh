@@ -12,7 +12,8 @@
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
-#        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill,
+#        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill
+#        (rN: batch N's graph replayed back to back, the step without the host's part),
 #        a line per revision and round (default 2). --gpu: first builds the revisions
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
 #        failure is reported, the timing goes on). --gemv: no checkpoints and no
@@ -52,10 +53,12 @@ bdir() {
         fi
 }
 
-# The figure bench-cuda printed for phase p (bN: ms per decode step, pN: ms per prompt).
+# The figure bench-cuda printed for phase p (bN: ms per decode step, rN: ms per replay of
+# batch N's graph back to back, without the host's part; pN: ms per prompt).
 figure() {
         case $2 in
         b*) grep "| decode batch ${2#b}," "$1" ;;
+        r*) grep "| graph replays back to back, batch ${2#r} |" "$1" ;;
         p*) grep "| prefill ${2#p} " "$1" ;;
         esac | cut -d'|' -f3 | awk '{print $1}'
 }
@@ -156,7 +159,8 @@ run() {
                                 for s in $(echo "$shapes" | tr ',' ' '); do
                                         (
                                                 [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
-                                                DSD_BENCH_ONLY=$phases "$(bdir "$l")/tests/bench/bench-cuda" \
+                                                DSD_BENCH_ONLY=$(echo "$phases" | sed 's/r/b/g') \
+                                                        "$(bdir "$l")/tests/bench/bench-cuda" \
                                                         "$work/ck-$s"
                                         ) >"$out/bench-$l-$s-$r.log" 2>&1 || true
                                 done
