@@ -1832,6 +1832,20 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
 /* ---------------------------------------------------------------------------------------
  * Decode steps from graphs */
 
+/* The decode graph bucket of a step of n rows: the power of two >= n, the graph
+ * b->graphs[*which] (which may be NULL). */
+static uint32_t decode_bucket(uint32_t n, uint32_t *which)
+{
+        uint32_t bucket = 1, w = 0;
+        while (bucket < n) {
+                bucket *= 2;
+                w++;
+        }
+        if (which)
+                *which = w;
+        return bucket;
+}
+
 static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
 {
         if (b->eager || n == 0 || n > GRAPH_MAX)
@@ -1843,10 +1857,7 @@ static bool graph_step(const Backend *b, const BkSeq *seqs, uint32_t n)
                 items += div_up(seqs[i].pos + 1, att_chunk(b, &seqs[i], seqs[i].pos, n));
                 bt += seq_blocks(b, &seqs[i]);
         }
-        uint32_t bucket = 1;
-        while (bucket < n)
-                bucket *= 2;
-        return items + (bucket - n) <= TILE_ITEMS && bt + 1 <= TILE_BT;
+        return items + (decode_bucket(n, NULL) - n) <= TILE_ITEMS && bt + 1 <= TILE_BT;
 }
 
 /* Turns g's edges from a kernel into one of ours into programmatic ones: the successor's
@@ -1896,11 +1907,7 @@ static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
 
 static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
 {
-        uint32_t bucket = 1, which = 0;
-        while (bucket < n) {
-                bucket *= 2;
-                which++;
-        }
+        uint32_t which, bucket = decode_bucket(n, &which);
         Plan p = plan_new(n);
         for (uint32_t i = 0; i < n; i++)
                 plan_row(b, &p, seqs, i, seqs[i].pos, seqs[i].tokens[0], true);
@@ -1968,11 +1975,8 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
 
 extern "C" int cuda_bench_replay(Backend *b, uint32_t rows, uint32_t n, double *us, DsError *err)
 {
-        uint32_t bucket = 1, which = 0;
-        while (bucket < rows) {
-                bucket *= 2;
-                which++;
-        }
+        uint32_t which;
+        decode_bucket(rows, &which);
         if (!b || rows == 0 || n == 0 || which >= N_BUCKETS || !b->graphs[which])
                 return ds_error(err, -ENOENT, "cuda backend: no decode graph for %u rows", rows);
         CU_TRY(cudaSetDevice(b->dev), "device");
