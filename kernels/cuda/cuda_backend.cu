@@ -1362,7 +1362,7 @@ static bool norm_router(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
         rr->kp = r->kp;
         rr->logits = b->rlog;
         rr->rt = mp->rt;
-        if (rows == 1) {
+        if (rows == 1 && mp->K <= 32) { /* group_one_row: a warp's lanes hold the experts */
                 rr->bias = L->score_bias;
                 rr->idx = b->ridx;
                 rr->rw = b->rw;

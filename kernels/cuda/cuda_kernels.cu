@@ -121,20 +121,30 @@ __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const ui
         if (c != 0)
                 return;
         uint32_t E = rr.rt.n_routed;
+        /* ROUTE 2: the logits, the row's experts and weights stay in shared memory for
+         * the routing and grouping that follow, which warp 0 does alone */
+        __shared__ float lg_s[ROUTE == 2 ? ROUTE_MAX : 1], rw_s[ROUTE == 2 ? 32 : 1];
+        __shared__ uint32_t idx_s[ROUTE == 2 ? 32 : 1];
         for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
                 float v = 0.0f;
                 for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
                         v += rpart_s[k][e];
                 rr.logits[(size_t) j * E + e] = v;
+                if constexpr (ROUTE == 2)
+                        lg_s[e] = v;
         }
         if constexpr (ROUTE == 2) {
-                /* the block's own stores are visible to it after the barrier */
                 __syncthreads();
-                if (threadIdx.x < 32)
-                        route_row(rr.logits, 1, E, rr.bias, rr.rt, 0, rr.idx, rr.rw);
-                __syncthreads();
-                group_pairs(rr.idx, rr.rt.top_k + rr.rt.n_shared, E + rr.rt.n_shared, rr.n_slots,
-                        rr.slot_rows, rr.ids, rr.off, rr.list);
+                if (threadIdx.x >= 32)
+                        return;
+                uint32_t K = rr.rt.top_k + rr.rt.n_shared, lane = threadIdx.x;
+                route_row(lg_s, 1, E, rr.bias, rr.rt, 0, idx_s, rw_s);
+                __syncwarp();
+                if (lane < K) {
+                        rr.idx[lane] = idx_s[lane];
+                        rr.rw[lane] = rw_s[lane];
+                }
+                group_one_row(idx_s, K, rr.n_slots, rr.ids, rr.off, rr.list);
         }
 }
 

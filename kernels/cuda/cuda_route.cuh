@@ -245,3 +245,27 @@ static __device__ void group_pairs(const uint32_t *idx, uint32_t n_pairs, uint32
                 list[cnt[e] + atomicAdd(&cur[e], 1u)] = p;
         }
 }
+
+/* group_pairs for one row, by the calling warp: a row's K <= 32 experts are distinct (its
+ * top-k, then the shared experts E, E + 1, ...), so each touched expert takes one slot in
+ * ascending id, and the slot's one pair is the row's. Lane p ranks its expert against the
+ * others by shuffles: the same ids, off and list as group_pairs, without its barriers. */
+static __device__ void group_one_row(const uint32_t *idx, uint32_t K, uint32_t n_slots,
+        uint32_t *ids, uint32_t *off, uint32_t *list)
+{
+        const uint32_t full = 0xffffffffu;
+        uint32_t lane = threadIdx.x % 32, e = lane < K ? idx[lane] : 0xffffffffu, rank = 0;
+        for (uint32_t q = 0; q < K; q++)
+                rank += __shfl_sync(full, e, q) < e;
+        if (lane < K) {
+                ids[rank] = e;
+                off[rank] = rank;
+                list[rank] = lane;
+        }
+        for (uint32_t i = K + lane; i < n_slots; i += 32) {
+                ids[i] = 0;
+                off[i] = K;
+        }
+        if (lane == 0)
+                off[n_slots] = K;
+}
