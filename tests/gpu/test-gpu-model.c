@@ -2,10 +2,10 @@
 /* Whole random models on the CUDA backend against the CPU backend, which exercises every
  * kernel of a step (embedding, RMSNorm + residual, RoPE of each type + KV append, paged
  * attention over several items, SwiGLU, the GEMV and cuBLAS linears, argmax):
- *  - a chunked prefill of 300 tokens and a 3-sequence decode, logits within 1e-2
- *    relative error of the CPU's for every position;
- *  - 24 greedy decode steps of 5 sequences (a padded graph bucket) and of 20 sequences
- *    (the cuBLAS path): graph replays give the same ids as eager steps. */
+ *  - a chunked prefill of 300 tokens, a 3-sequence decode, then steps of 2 and of 1
+ *    sequence, logits within 1e-2 relative error of the CPU's for every position;
+ *  - 24 greedy decode steps of 2, of 5 (a padded graph bucket) and of 20 sequences (the
+ *    cuBLAS path): graph replays give the same ids as eager steps. */
 #include "gpu_util.h"
 
 #define TOL    1e-2
@@ -68,6 +68,25 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                 gpu_step_both(cpu, gpu, q, 3, V, a, b);
                 double e = rel_err(b, a, (size_t) 3 * V);
                 CHECK(e < TOL, "decode step %u: relative error %.3g", step, e);
+                worst = fmax(worst, e);
+        }
+        /* steps of two rows, then of one: the GEMVs' passes of 1-2 rows, the attention's
+         * items of batch 1 */
+        for (uint32_t step = 0; step < 4; step++) {
+                uint32_t ns = step < 2 ? 2 : 1, first = step < 2 ? 0 : 2;
+                uint32_t pos[3] = {n + 4 + step, 44 + step, 82 + step};
+                BkSeq q[2];
+                for (uint32_t k = 0; k < ns; k++)
+                        q[k] = (BkSeq){.tokens = &tokens[12 + step * 2 + k],
+                                .n_tokens = 1,
+                                .pos = pos[first + k],
+                                .blocks = blocks[first + k],
+                                .n_blocks = 64,
+                                .sample = true,
+                                .sampling = {.repetition_penalty = 1}};
+                gpu_step_both(cpu, gpu, q, ns, V, a, b);
+                double e = rel_err(b, a, (size_t) ns * V);
+                CHECK(e < TOL, "decode step of %u rows: relative error %.3g", ns, e);
                 worst = fmax(worst, e);
         }
         free(tokens);
