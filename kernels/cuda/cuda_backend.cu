@@ -1980,27 +1980,8 @@ extern "C" int cuda_bench_replay(Backend *b, uint32_t rows, uint32_t n, double *
         if (!b || rows == 0 || n == 0 || which >= N_BUCKETS || !b->graphs[which])
                 return ds_error(err, -ENOENT, "cuda backend: no decode graph for %u rows", rows);
         CU_TRY(cudaSetDevice(b->dev), "device");
-        cudaEvent_t e0 = NULL, e1 = NULL;
-        cudaError_t e = cudaEventCreate(&e0);
-        if (e == cudaSuccess)
-                e = cudaEventCreate(&e1);
-        if (e == cudaSuccess)
-                e = cudaEventRecord(e0, b->st);
-        for (uint32_t i = 0; e == cudaSuccess && i < n; i++)
-                e = cudaGraphLaunch(b->graphs[which], b->st);
-        if (e == cudaSuccess)
-                e = cudaEventRecord(e1, b->st);
-        if (e == cudaSuccess)
-                e = cudaEventSynchronize(e1);
         float ms = 0;
-        if (e == cudaSuccess)
-                e = cudaEventElapsedTime(&ms, e0, e1);
-        if (e0)
-                cudaEventDestroy(e0);
-        if (e1)
-                cudaEventDestroy(e1);
-        if (e != cudaSuccess)
-                return cuda_fail(err, e, "graph replays");
+        CU_TRY(cu_graph_time(b->st, b->graphs[which], n, &ms), "graph replays");
         *us = ms * 1e3 / n;
         return 0;
 }

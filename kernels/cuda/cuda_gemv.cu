@@ -1264,7 +1264,6 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         cudaStream_t st = NULL;
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;
-        cudaEvent_t t0 = NULL, t1 = NULL;
         e = cudaMalloc(&qw, qb * mats * copies);
         if (e == cudaSuccess)
                 e = cudaMalloc(&sz, sb * mats * copies);
@@ -1308,31 +1307,15 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         if (e == cudaSuccess)
                 e = cudaGraphInstantiate(&exec, graph, 0);
         if (e == cudaSuccess)
-                e = cudaEventCreate(&t0);
-        if (e == cudaSuccess)
-                e = cudaEventCreate(&t1);
-        if (e == cudaSuccess)
                 e = cudaGraphLaunch(exec, st);
-        if (e == cudaSuccess)
-                e = cudaEventRecord(t0, st);
-        for (int i = 0; e == cudaSuccess && i < 5; i++)
-                e = cudaGraphLaunch(exec, st);
-        if (e == cudaSuccess)
-                e = cudaEventRecord(t1, st);
-        if (e == cudaSuccess)
-                e = cudaEventSynchronize(t1);
         float ms = 0;
         if (e == cudaSuccess)
-                e = cudaEventElapsedTime(&ms, t0, t1);
+                e = cu_graph_time(st, exec, 5, &ms);
         *us = ms * 1e3 / (5.0 * 2 * copies);
         if (exec)
                 cudaGraphExecDestroy(exec);
         if (graph)
                 cudaGraphDestroy(graph);
-        if (t0)
-                cudaEventDestroy(t0);
-        if (t1)
-                cudaEventDestroy(t1);
         if (st)
                 cudaStreamDestroy(st);
         cudaFree(qw);

@@ -1108,3 +1108,25 @@ void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n)
         k_to_half<<<(unsigned) blocks, 256, 0, st>>>(x, y, n);
 }
 
+cudaError_t cu_graph_time(cudaStream_t st, cudaGraphExec_t g, uint32_t n, float *ms)
+{
+        cudaEvent_t e0 = NULL, e1 = NULL;
+        cudaError_t e = cudaEventCreate(&e0);
+        if (e == cudaSuccess)
+                e = cudaEventCreate(&e1);
+        if (e == cudaSuccess)
+                e = cudaEventRecord(e0, st);
+        for (uint32_t i = 0; e == cudaSuccess && i < n; i++)
+                e = cudaGraphLaunch(g, st);
+        if (e == cudaSuccess)
+                e = cudaEventRecord(e1, st);
+        if (e == cudaSuccess)
+                e = cudaEventSynchronize(e1);
+        if (e == cudaSuccess)
+                e = cudaEventElapsedTime(ms, e0, e1);
+        if (e0)
+                cudaEventDestroy(e0);
+        if (e1)
+                cudaEventDestroy(e1);
+        return e;
+}

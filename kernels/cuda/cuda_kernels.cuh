@@ -139,6 +139,10 @@ void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice
 /* Float32 to FP16, n elements. */
 void cu_to_half(cudaStream_t st, const float *x, __half *y, size_t n);
 
+/* *ms = the time n launches of g back to back take on st, between two events (the bench
+ * hooks: decode graphs, GEMV graphs). */
+cudaError_t cu_graph_time(cudaStream_t st, cudaGraphExec_t g, uint32_t n, float *ms);
+
 /* One logits row's sampling request, uploaded with the step (kernels/sample.c decides
  * alike): temperature 0 is greedy. The row's penalties are pen_n (id, count) pairs of
  * distinct ids at pen_off of the step's penalty list. */
