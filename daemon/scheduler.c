@@ -15,7 +15,17 @@
  *
  * Blocks: a sequence holds ceil(positions fed / block_tokens) blocks. When one it needs
  * is not free, the most recently admitted running sequence is preempted (the list's
- * tail); the oldest one always fits alone, since the context limit counts the pool. */
+ * tail); the oldest one always fits alone, since the context limit counts the pool.
+ *
+ * Steps overlap the host's work (BackendOps submit and collect): a step is submitted and
+ * left in flight; the next sched_step() collects it and hands out its tokens. When the
+ * step after it is plain decoding of the same sequences, it is submitted before that
+ * collect, its tokens chained on the backend from the ids the step in flight samples
+ * (sched_chain), so the device goes from one step to the next while the host streams the
+ * tokens. That chained step is the batch the scheduler would have built after the
+ * collect, except for a sequence that the collected token ends (EOS, a stop string): it
+ * computes one position more, which is dropped. Sequences with penalties or logprobs are
+ * never chained, since their inputs need the collected token. */
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
@@ -52,12 +62,22 @@ struct Seq {
         uint32_t chunk; /* tokens fed in the step being built */
         uint32_t preemptions;
         uint64_t admit_order; /* larger is more recent; preemption takes the largest */
-        uint64_t start_usec;  /* first admission; 0 before */
+        uint64_t fly_step;    /* the last step that fed it (Sched.submitted), at index fly_i */
+        uint32_t fly_i;
+        uint64_t start_usec; /* first admission; 0 before */
         uint64_t first_token_usec;
         TokStream *ts;
         Holdback hold; /* reserved SCHED_TEXT_MAX: appends never allocate */
         float *row;    /* (vocab_size) sampled row's logits, when logprobs are asked */
 };
+
+/* A step as built and submitted: its sequences (NULL where one was dropped while the step
+ * was in flight) and what it fed them. */
+typedef struct Flight {
+        Seq **batch; /* (max_seqs) */
+        BkSeq *bk;   /* (max_seqs) */
+        uint32_t n;
+} Flight;
 
 typedef struct SeqList {
         Seq *head, *tail;
@@ -90,10 +110,13 @@ struct Sched {
         uint64_t admit_counter;
         SchedStats st;
 
-        /* Step scratch, sized at creation: building and running a batch allocates nothing. */
-        Seq **batch;  /* (max_seqs) */
-        BkSeq *bk;    /* (max_seqs) */
-        int32_t *ids; /* (max_seqs) */
+        /* Steps, sized at creation: building and running a batch allocates nothing.
+         * fl[cur] is in flight when flying; the next step is built into the other. */
+        Flight fl[2];
+        uint32_t cur;
+        bool flying;
+        uint64_t submitted; /* steps submitted */
+        int32_t *ids;       /* (max_seqs) */
         char piece[TOK_STREAM_OUT_MAX];
         SchedEvent ev; /* the event being built */
 };
@@ -368,11 +391,17 @@ static void seq_free(Seq *q)
         free(q);
 }
 
-/* Takes q out of the scheduler for good: blocks back to the pool, record freed. */
+/* Takes q out of the scheduler for good: blocks back to the pool (a step in flight may
+ * still write them, but the device runs it before any later step that reuses them), out
+ * of the steps that fed it, record freed. */
 static void seq_drop(Sched *s, Seq *q)
 {
         Client *c = q->client;
 
+        for (uint32_t f = 0; f < ELEMENTSOF(s->fl); f++)
+                for (uint32_t i = 0; i < s->fl[f].n; i++)
+                        if (s->fl[f].batch[i] == q)
+                                s->fl[f].batch[i] = NULL;
         list_remove(seq_list(s, q), q);
         if (q->state == SEQ_QUEUED)
                 s->n_queued--;
@@ -574,10 +603,14 @@ int sched_new(Engine *e, const SchedLimits *lim, SchedEmit emit, void *userdata,
         s->capacity = sched_capacity(e);
         s->vocab_size = e->model->bk.cfg.vocab_size;
         s->vocab_sample = e->model->bk.cfg.vocab_sample;
-        s->batch = calloc(lim->max_seqs, sizeof(*s->batch));
-        s->bk = calloc(lim->max_seqs, sizeof(*s->bk));
+        bool ok = true;
+        for (uint32_t f = 0; f < ELEMENTSOF(s->fl); f++) {
+                s->fl[f].batch = calloc(lim->max_seqs, sizeof(*s->fl[f].batch));
+                s->fl[f].bk = calloc(lim->max_seqs, sizeof(*s->fl[f].bk));
+                ok = ok && s->fl[f].batch && s->fl[f].bk;
+        }
         s->ids = calloc(lim->max_seqs, sizeof(*s->ids));
-        if (!s->batch || !s->bk || !s->ids) {
+        if (!ok || !s->ids) {
                 sched_free(s);
                 return ds_error(err, -ENOMEM, "out of memory");
         }
@@ -595,6 +628,11 @@ Sched *sched_free(Sched *s)
 {
         if (!s)
                 return NULL;
+        if (s->flying) {
+                /* what it computed goes with the sequences */
+                DsError err;
+                (void) s->e->ops->collect(s->e->be, s->ids, s->fl[s->cur].n, &err);
+        }
         list_free(s, &s->running);
         list_free(s, &s->preempted);
         /* What is left is queued (holding no blocks) or a paused client's record. */
@@ -607,8 +645,10 @@ Sched *sched_free(Sched *s)
                 free(c);
         }
         free(s->clients);
-        free(s->batch);
-        free(s->bk);
+        for (uint32_t f = 0; f < ELEMENTSOF(s->fl); f++) {
+                free(s->fl[f].batch);
+                free(s->fl[f].bk);
+        }
         free(s->ids);
         free(s);
         return NULL;
@@ -797,6 +837,8 @@ bool sched_idle(const Sched *s)
 
 bool sched_has_work(const Sched *s)
 {
+        if (s->flying)
+                return true;
         for (const Seq *q = s->running.head; q; q = q->next)
                 if (!q->client->paused)
                         return true;
@@ -845,7 +887,7 @@ static Seq *sched_next_admission(Sched *s, uint32_t *ret_client_index)
 
 /* Adds the running sequences to the batch, oldest first; preempts from the newest end
  * when blocks run out. Returns the batch size. */
-static uint32_t sched_batch_running(Sched *s, uint32_t *budget)
+static uint32_t sched_batch_running(Sched *s, Flight *f, uint32_t *budget)
 {
         uint32_t n = 0;
 
@@ -868,7 +910,7 @@ static uint32_t sched_batch_running(Sched *s, uint32_t *budget)
                 q->chunk = MIN(want, fit);
                 seq_grow(s, q);
                 *budget -= q->chunk;
-                s->batch[n++] = q;
+                f->batch[n++] = q;
                 q = q->next;
         }
         return n;
@@ -877,7 +919,7 @@ static uint32_t sched_batch_running(Sched *s, uint32_t *budget)
 /* Admits preempted and queued sequences while the budget, the sequence limit and the
  * blocks allow. Admission never preempts: it keeps one block free per running sequence,
  * so the sequences already running can grow next step without evicting the newcomer. */
-static uint32_t sched_batch_admit(Sched *s, uint32_t n, uint32_t *budget)
+static uint32_t sched_batch_admit(Sched *s, Flight *f, uint32_t n, uint32_t *budget)
 {
         uint64_t now = now_usec();
 
@@ -903,25 +945,137 @@ static uint32_t sched_batch_admit(Sched *s, uint32_t n, uint32_t *budget)
                 q->chunk = MIN(MIN(q->n_tokens - q->n_computed, *budget), fit);
                 seq_grow(s, q);
                 *budget -= q->chunk;
-                s->batch[n++] = q;
+                f->batch[n++] = q;
         }
         return n;
+}
+
+/* The running sequences as the step after cur, fed the ids cur samples, into next: true
+ * when that is the batch sched_step() would build once cur is collected (every unpaused
+ * running sequence decodes in cur, nothing is to be admitted, the blocks are free), less
+ * the sequences whose token from cur is their last. */
+static bool sched_chain(Sched *s, const Flight *cur, Flight *next)
+{
+        uint32_t n = 0, need = 0;
+
+        if (sched_next_admission(s, &(uint32_t){0}))
+                return false;
+        for (Seq *q = s->running.head; q; q = q->next) {
+                if (q->client->paused)
+                        continue;
+                if (q->fly_step != s->submitted || cur->batch[q->fly_i] != q ||
+                        !cur->bk[q->fly_i].sample)
+                        return false;
+                const SchedRequest *r = q->req;
+                const BkSampling *sp = &r->sampling;
+                if (r->top_logprobs || sp->presence_penalty != 0 || sp->frequency_penalty != 0 ||
+                        (sp->repetition_penalty != 0 && sp->repetition_penalty != 1))
+                        return false;
+                if (q->n_generated + 1 >= q->max_new)
+                        continue;
+                uint32_t pos = q->n_computed + cur->bk[q->fly_i].n_tokens;
+                uint32_t blocks = blocks_for(s, pos + 1);
+                need += blocks > q->n_blocks ? blocks - q->n_blocks : 0;
+                next->batch[n++] = q;
+        }
+        if (n == 0 || need > s->e->kv.n_free)
+                return false;
+        for (uint32_t i = 0; i < n; i++) {
+                Seq *q = next->batch[i];
+                uint32_t pos = q->n_computed + cur->bk[q->fly_i].n_tokens;
+                q->chunk = 0;
+                uint32_t saved = q->n_computed;
+                q->n_computed = pos + 1; /* seq_grow covers n_computed + chunk */
+                seq_grow(s, q);
+                q->n_computed = saved;
+                next->bk[i] = (BkSeq){
+                        .n_tokens = 1,
+                        .pos = pos,
+                        .blocks = q->blocks,
+                        .n_blocks = q->n_blocks,
+                        .sample = true,
+                        .sampling = q->req->sampling,
+                        .draw = q->n_generated + 1,
+                        .chained = true,
+                        .prev = q->fly_i,
+                };
+        }
+        next->n = n;
+        return true;
+}
+
+/* Makes f, submitted, the step in flight. */
+static void sched_fly(Sched *s, Flight *f)
+{
+        s->submitted++;
+        s->st.steps++;
+        for (uint32_t i = 0; i < f->n; i++)
+                if (f->batch[i]) {
+                        f->batch[i]->fly_step = s->submitted;
+                        f->batch[i]->fly_i = i;
+                }
+        s->cur = (uint32_t) (f - s->fl);
+        s->flying = true;
+}
+
+/* Collects the step in flight and hands out what it sampled; returns the number of
+ * sequences still fed by it (not dropped meanwhile). */
+static int sched_collect(Sched *s, DsError *err)
+{
+        Flight *f = &s->fl[s->cur];
+        int r = s->e->ops->collect(s->e->be, s->ids, f->n, err), live = 0;
+
+        s->flying = false;
+        for (uint32_t i = 0; i < f->n && r < 0; i++)
+                if (f->batch[i])
+                        seq_fail(s, f->batch[i], r, err ? err->msg : "the backend step failed");
+        uint64_t now = now_usec();
+        for (uint32_t i = 0; i < f->n && r == 0; i++) {
+                Seq *q = f->batch[i];
+                if (!q)
+                        continue;
+                live++;
+                q->n_computed += f->bk[i].n_tokens;
+                if (f->bk[i].sample)
+                        seq_sampled(s, q, s->ids[i], now);
+        }
+        f->n = 0;
+        return r < 0 ? r : live;
 }
 
 int sched_step(Sched *s, DsError *err)
 {
         uint32_t budget = s->lim.step_tokens, n;
-        int r;
+        Flight *next = &s->fl[s->cur ^ 1];
+        int r, collected = 0;
 
-        n = sched_batch_running(s, &budget);
-        n = sched_batch_admit(s, n, &budget);
+        if (s->flying) {
+                Flight *cur = &s->fl[s->cur];
+                /* A chained step that cannot be submitted is built again after the collect. */
+                bool chained = sched_chain(s, cur, next) &&
+                               s->e->ops->submit(s->e->be, next->bk, next->n, err) == 0;
+                if (!chained)
+                        next->n = 0;
+                r = sched_collect(s, err);
+                if (chained) {
+                        s->st.chained_steps++;
+                        sched_fly(s, next);
+                        return (int) next->n;
+                }
+                if (r < 0)
+                        return r;
+                collected = r;
+        }
+
+        n = sched_batch_running(s, next, &budget);
+        n = sched_batch_admit(s, next, n, &budget);
         if (n == 0)
-                return 0;
+                return collected;
 
         for (uint32_t i = 0; i < n; i++) {
-                Seq *q = s->batch[i];
+                Seq *q = next->batch[i];
                 bool sample = q->n_computed + q->chunk == q->n_tokens;
-                s->bk[i] = (BkSeq){
+                next->bk[i] = (BkSeq){
                         .tokens = q->tokens + q->n_computed,
                         .n_tokens = q->chunk,
                         .pos = q->n_computed,
@@ -934,26 +1088,22 @@ int sched_step(Sched *s, DsError *err)
                         .draw = q->n_generated,
                         .sample_logits = sample ? q->row : NULL,
                 };
-                /* Prefill, recomputation included; a decode feeds the one sampled token. */
-                if (!(sample && q->chunk == 1 && q->n_generated > 0))
-                        s->st.prompt_tokens += q->chunk;
-        }
-
-        r = s->e->ops->step(s->e->be, s->bk, n, s->ids, err);
-        s->st.steps++;
-        if (r < 0) {
-                for (uint32_t i = 0; i < n; i++)
-                        seq_fail(s, s->batch[i], r, err ? err->msg : "the backend step failed");
-                return r;
-        }
-
-        uint64_t now = now_usec();
-        for (uint32_t i = 0; i < n; i++) {
-                Seq *q = s->batch[i];
-                q->n_computed += q->chunk;
                 q->chunk = 0;
-                if (s->bk[i].sample)
-                        seq_sampled(s, q, s->ids[i], now);
+                /* Prefill, recomputation included; a decode feeds the one sampled token. */
+                if (!(sample && next->bk[i].n_tokens == 1 && q->n_generated > 0))
+                        s->st.prompt_tokens += next->bk[i].n_tokens;
+        }
+        next->n = n;
+
+        r = s->e->ops->submit(s->e->be, next->bk, n, err);
+        if (r == 0)
+                sched_fly(s, next);
+        else {
+                s->st.steps++;
+                for (uint32_t i = 0; i < n; i++)
+                        seq_fail(s, next->batch[i], r, err ? err->msg : "the backend step failed");
+                next->n = 0;
+                return r;
         }
         return (int) n;
 }

@@ -138,6 +138,7 @@ typedef struct SchedStats {
         uint32_t kv_blocks_total;
         uint32_t kv_blocks_free;
         uint64_t steps;         /* steps that ran the backend */
+        uint64_t chained_steps; /* of them, submitted while the step before was in flight */
         uint64_t prompt_tokens; /* prefill tokens computed, recomputation included */
         uint64_t generated_tokens;
         uint64_t preemptions;
@@ -171,7 +172,8 @@ int sched_add(Sched *s, SchedRequest *r);
 void sched_cancel(Sched *s, uint64_t request_id);
 void sched_cancel_client(Sched *s, uint32_t client);
 /* A paused client's sequences keep their KV blocks but take no part in steps and its
- * queued requests are not admitted, until it is resumed. Pausing an unknown client
+ * queued requests are not admitted, until it is resumed; a step already in flight (see
+ * sched_step) still delivers its token. Pausing an unknown client
  * records the pause for its future requests; resume forgets it. Returns 0 or -ENOMEM. */
 int sched_pause_client(Sched *s, uint32_t client);
 void sched_resume_client(Sched *s, uint32_t client);
@@ -179,10 +181,12 @@ void sched_resume_client(Sched *s, uint32_t client);
 /* Cancels everything now (emitting cancelled FINALs), for a stop without drain. */
 void sched_cancel_all(Sched *s);
 
-/* Runs one step: applies cancellations, admits, builds the batch, runs the backend and
- * emits the events. Returns the number of sequences stepped (0 when nothing could run:
- * all idle or paused), or a negative code when the backend failed, after emitting an
- * ERROR event for every sequence of that batch. */
+/* Runs one step: collects the step in flight and emits its events, admits, builds the
+ * next batch and submits it to the backend, where it stays in flight until the next call
+ * (the two overlap when the next batch can be chained, see scheduler.c). Returns the
+ * number of sequences submitted, else of those collected (0 when nothing could run: all
+ * idle or paused), or a negative code when the backend failed, after emitting an ERROR
+ * event for every sequence of that batch. */
 int sched_step(Sched *s, DsError *err);
 
 /* True when no request is queued, admitted or pending cancellation. */

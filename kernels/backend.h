@@ -210,6 +210,11 @@ typedef struct BkSeq {
         float *logits;        /* optional out: [n_tokens][vocab_size], or NULL */
         float *sample_logits; /* optional out: [vocab_size] the raw logits of the row
                                * sampled from (for logprobs), or NULL; only with sample */
+        /* submit() only: the one token fed is the id sampled for seqs[prev] of the step
+         * submitted just before this one, which need not be collected yet; tokens is
+         * unused. That step must have sampled seqs[prev]. */
+        bool chained;
+        uint32_t prev;
 } BkSeq;
 
 typedef struct BkOptions {
@@ -235,6 +240,16 @@ typedef struct BackendOps {
          * seqs[i].sample is false. Each sequence's logits and sample are bit-identical
          * whatever else is in the batch. */
         int (*step)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids, DsError *err);
+        /* step() in two halves, so that the host builds the next step while one runs.
+         * submit() starts a step of the same sequences step() takes, chained ones included;
+         * collect() waits for the oldest step submitted and not collected and writes its
+         * ids. At most two steps are outstanding (-EBUSY for a third). A step's seqs may
+         * be reused once submit() returns, except the logits and sample_logits buffers,
+         * filled by the time collect() returns. A backend may run the step inside submit().
+         * A failed submit leaves nothing outstanding for its step; a failed collect drops
+         * its step. */
+        int (*submit)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *err);
+        int (*collect)(Backend *b, int32_t *ret_ids, uint32_t n_seqs, DsError *err);
         /* Device memory in use and the device's total, in bytes; NULL for a backend that
          * computes in host memory. May be called from any thread. */
         int (*mem_info)(const Backend *b, uint64_t *ret_used, uint64_t *ret_total);
@@ -252,6 +267,13 @@ const BackendOps *backend_find(const char *name);
  * architecture needs present with its shape. 0, or a negative code with a message naming
  * the layer and tensor. */
 int bk_model_check(const BkModel *m, DsError *err);
+
+/* Shared by the backends' submit(): copies seqs into out, each chained one fed the id
+ * prev_ids (the n_prev ids of the step it chains from) holds for it, in tok[i]. 0, or
+ * -EINVAL naming the sequence when a chained one feeds more than one token or its
+ * predecessor sampled no id for it. */
+int bk_chain_resolve(const BkSeq *seqs, uint32_t n, const int32_t *prev_ids, uint32_t n_prev,
+        BkSeq *out, int32_t *tok, DsError *err);
 
 /* Shared by every backend: one sampling decision from a row of float32 logits, computed
  * on the host in the CPU backend and mirrored on the device by the CUDA one. scratch

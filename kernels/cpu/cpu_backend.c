@@ -80,11 +80,25 @@ typedef struct RunState {
         Row rows[TILE_ROWS];
 } RunState;
 
+/* A submitted step's ids (submit() runs the step at once). */
+typedef struct Done {
+        int32_t *ids;
+        uint32_t n, cap;
+} Done;
+
 struct Backend {
         const BkModel *model; /* config and weights, owned by the caller; NULL until load */
         CpuPool *pool;        /* BkOptions.threads: the linear layers' threads */
         RunState s;
         KvCache kv;
+        /* Steps submitted, a ring of three: up to two outstanding, and the newest still
+         * readable after its collect, since the next submit may chain from it. */
+        Done done[3];
+        uint32_t last, n_out;
+        bool have_last;
+        BkSeq *chain_seqs; /* (chain_cap) the step with chained tokens resolved */
+        int32_t *chain_tok;
+        uint32_t chain_cap;
 };
 
 /* ---------------------------------------------------------------------------------------
@@ -767,10 +781,67 @@ static int cpu_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret
         return 0;
 }
 
+/* Grows an array of *cap elements of size to hold n; false when out of memory. */
+static bool grow(void **p, uint32_t *cap, uint32_t n, size_t size)
+{
+        if (n <= *cap)
+                return true;
+        void *q = realloc(*p, (size_t) n * size);
+        if (!q)
+                return false;
+        *p = q;
+        *cap = n;
+        return true;
+}
+
+static int cpu_submit(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *err)
+{
+        if (b && b->n_out == 2)
+                return ds_error(err, -EBUSY, "cpu backend: two steps are outstanding already");
+        if (!b || (n_seqs > 0 && !seqs))
+                return ds_error(err, -EINVAL, "cpu backend: no sequences");
+        uint32_t k = (b->last + 1) % 3, cap = b->chain_cap;
+        Done *d = &b->done[k], *prev = &b->done[b->last];
+        if (!grow((void **) &d->ids, &d->cap, n_seqs, sizeof(*d->ids)) ||
+                !grow((void **) &b->chain_seqs, &cap, n_seqs, sizeof(*b->chain_seqs)) ||
+                !grow((void **) &b->chain_tok, &b->chain_cap, n_seqs, sizeof(*b->chain_tok)))
+                return ds_error(
+                        err, -ENOMEM, "cpu backend: out of memory for a step of %u", n_seqs);
+        int r = bk_chain_resolve(seqs, n_seqs, prev->ids, b->have_last ? prev->n : 0, b->chain_seqs,
+                b->chain_tok, err);
+        if (r < 0)
+                return ds_error_prefix(err, "cpu backend");
+        r = cpu_step(b, b->chain_seqs, n_seqs, d->ids, err);
+        if (r < 0)
+                return r;
+        d->n = n_seqs;
+        b->last = k;
+        b->have_last = true;
+        b->n_out++;
+        return 0;
+}
+
+static int cpu_collect(Backend *b, int32_t *ret_ids, uint32_t n_seqs, DsError *err)
+{
+        if (!b || b->n_out == 0)
+                return ds_error(err, -EINVAL, "cpu backend: no step to collect");
+        Done *d = &b->done[(b->last + 4 - b->n_out) % 3];
+        b->n_out--;
+        if (n_seqs != d->n || (n_seqs > 0 && !ret_ids))
+                return ds_error(err, -EINVAL,
+                        "cpu backend: the step collected had %u sequences, not %u", d->n, n_seqs);
+        memcpy(ret_ids, d->ids, (size_t) n_seqs * sizeof(*ret_ids));
+        return 0;
+}
+
 static void cpu_free(Backend *b)
 {
         if (!b)
                 return;
+        for (size_t i = 0; i < ELEMENTSOF(b->done); i++)
+                free(b->done[i].ids);
+        free(b->chain_seqs);
+        free(b->chain_tok);
         kv_free(&b->kv);
         run_state_free(&b->s);
         cpu_pool_free(b->pool);
@@ -784,5 +855,7 @@ const BackendOps backend_cpu_ops = {
         .kv_init = cpu_kv_init,
         .kv_bytes_per_token = cpu_kv_bytes_per_token,
         .step = cpu_step,
+        .submit = cpu_submit,
+        .collect = cpu_collect,
         .free = cpu_free,
 };

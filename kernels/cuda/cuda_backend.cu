@@ -79,6 +79,17 @@ typedef struct CuLayer {
         CuLinear s_gu, s_down; /* the shared experts as one MLP, for steps of many rows */
 } CuLayer;
 
+/* A step submitted and not yet collected (cuda_submit). An async one runs in the stream
+ * and its ids come back into ids_pin, after which done fires; the others ran inside
+ * submit and left their ids in ids. */
+typedef struct Pending {
+        bool async;
+        cudaEvent_t done;
+        int32_t *ids_pin; /* (TILE_OUT) pinned */
+        int32_t *ids;     /* (cap) */
+        uint32_t n, cap;
+} Pending;
+
 /* One row of a tile, as the host plans it. */
 typedef struct Row {
         uint32_t seq;
@@ -139,6 +150,12 @@ struct Backend {
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
         uint32_t *meta_d, *meta_h;
+        /* Pinned staging, two of each: the metadata and the sampling parameters. A
+         * submitted step's copies may still wait in the stream while the next step is
+         * planned into the other pair; meta_h, samp_h and pen_h point into the current. */
+        uint32_t *meta_hb[2];
+        CuSampleParams *samp_hb[2];
+        uint32_t pair;
         size_t dyn_off;
         CuMeta meta;
         const uint32_t *flash_tasks; /* device: meta array 7 */
@@ -162,6 +179,14 @@ struct Backend {
         uint32_t block_tokens, n_blocks;
 
         cudaGraphExec_t graphs[N_BUCKETS];
+        /* Steps submitted, a ring of three: up to two outstanding, and the newest still
+         * readable after its collect, since the next submit may chain from it. */
+        Pending pend[3];
+        uint32_t last, n_pend;
+        bool have_last;
+        BkSeq *chain_seqs; /* (chain_cap) a step with its chained tokens resolved */
+        int32_t *chain_tok;
+        uint32_t chain_cap;
         CuRoute route;    /* MoE */
         CuStaging stage;  /* open during load() only */
         uint8_t *awq_raw; /* a checkpoint AWQ part on the device, before its repack */
@@ -301,9 +326,16 @@ static void weights_free(Backend *b)
                 b->spart, b->rlog};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
-        cudaFreeHost(b->meta_h);
+        for (int i = 0; i < 2; i++) {
+                cudaFreeHost(b->meta_hb[i]);
+                cudaFreeHost(b->samp_hb[i]);
+                b->meta_hb[i] = NULL;
+                b->samp_hb[i] = NULL;
+        }
         cudaFreeHost(b->ids_h);
-        cudaFreeHost(b->samp_h);
+        /* what was outstanding went with the model's scratch */
+        b->n_pend = 0;
+        b->have_last = false;
         free(b->row_h);
         free(b->sample_f);
         free(b->sample_i);
@@ -632,6 +664,15 @@ static int model_check(const BkModel *m, DsError *err)
 }
 
 /* The sampling buffers, for the TILE_OUT logits rows of a tile. */
+/* Plans the next step into staging pair i. */
+static void stage_use(Backend *b, uint32_t i)
+{
+        b->pair = i;
+        b->meta_h = b->meta_hb[i];
+        b->samp_h = b->samp_hb[i];
+        b->pen_h = (uint2 *) (b->samp_h + TILE_OUT);
+}
+
 static int sample_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -643,9 +684,11 @@ static int sample_alloc(Backend *b, DsError *err)
         size_t samp_bytes = TILE_OUT * sizeof(CuSampleParams) + (size_t) PEN_MAX * sizeof(uint2);
         DALLOC(b->samp_d, samp_bytes, "sampling parameters");
         DALLOC(b->pen_saved, (size_t) PEN_MAX * 4, "penalized logits");
-        CU_TRY(cudaMallocHost((void **) &b->samp_h, samp_bytes), "pinned sampling parameters");
-        b->pen_h = (uint2 *) (b->samp_h + TILE_OUT);
+        for (int i = 0; i < 2; i++)
+                CU_TRY(cudaMallocHost((void **) &b->samp_hb[i], samp_bytes),
+                        "pinned sampling parameters");
         b->pen_d = (uint2 *) (b->samp_d + TILE_OUT);
+        stage_use(b, 0);
         b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
         b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
         b->sample_i = (int32_t *) malloc((size_t) c->vocab_size * 4);
@@ -790,7 +833,8 @@ static int scratch_alloc(Backend *b, DsError *err)
         b->dyn_off = (4 + 8 * R + 3) / 4 * 4;
         size_t words = b->dyn_off + 4 * (size_t) TILE_ITEMS + TILE_BT;
         DALLOC(b->meta_d, words * 4, "step metadata");
-        CU_TRY(cudaMallocHost((void **) &b->meta_h, words * 4), "pinned step metadata");
+        for (int i = 0; i < 2; i++)
+                CU_TRY(cudaMallocHost((void **) &b->meta_hb[i], words * 4), "pinned step metadata");
         CU_TRY(cudaMallocHost((void **) &b->ids_h, TILE_OUT * 4), "pinned ids");
         const uint32_t *m = b->meta_d;
         b->meta = (CuMeta){
@@ -1474,7 +1518,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         const CuMoeSum *prev_moe = NULL;
 
         /* token embedding */
-        cu_embed(b->st, b->embed, b->meta, rows, H, b->x);
+        cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];
@@ -1905,12 +1949,16 @@ static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
         return e;
 }
 
-static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
+/* Plans and launches the decode graph of seqs, sequence i fed tok[i] (or its token when
+ * tok is NULL; below 0, a chained one: see cu_embed). *ret_p gets the plan of the live
+ * rows, whose ids the graph leaves in ids_d in sequence order. */
+static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t *tok,
+        Plan *ret_p, DsError *err)
 {
         uint32_t which, bucket = decode_bucket(n, &which);
         Plan p = plan_new(n);
         for (uint32_t i = 0; i < n; i++)
-                plan_row(b, &p, seqs, i, seqs[i].pos, seqs[i].tokens[0], true);
+                plan_row(b, &p, seqs, i, seqs[i].pos, tok ? tok[i] : seqs[i].tokens[0], true);
 
         /* Padding rows: token 0 at position 0 of the spare block, with their own item. */
         if (bucket > n) {
@@ -1970,6 +2018,16 @@ static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids
         CU_TRY(cudaGraphLaunch(b->graphs[which], b->st), "graph launch");
         p.rows = n; /* hand out the live rows only */
         p.n_out = n;
+        *ret_p = p;
+        return 0;
+}
+
+static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
+{
+        Plan p;
+        int r = graph_launch(b, seqs, n, NULL, &p, err);
+        if (r < 0)
+                return r;
         return tile_outputs(b, &p, seqs, ret_ids, err);
 }
 
@@ -2135,13 +2193,14 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
         const BkConfig *c = &b->cfg;
         uint64_t end = (uint64_t) seq->pos + seq->n_tokens;
 
-        if (seq->n_tokens == 0 || !seq->tokens)
-                return ds_error(err, -EINVAL, "cuda backend: sequence %u has no tokens", i);
+        if (seq->chained ? seq->n_tokens != 1 : seq->n_tokens == 0 || !seq->tokens)
+                return ds_error(err, -EINVAL, "cuda backend: sequence %u has %s", i,
+                        seq->chained ? "chained tokens but not one" : "no tokens");
         if (end > c->max_positions)
                 return ds_error(err, -DS_ERR_CONTEXT_FULL,
                         "cuda backend: sequence %u reaches position %llu, past the limit %u", i,
                         (unsigned long long) end, c->max_positions);
-        for (uint32_t t = 0; t < seq->n_tokens; t++)
+        for (uint32_t t = 0; t < (seq->chained ? 0 : seq->n_tokens); t++)
                 if (seq->tokens[t] < 0 || (uint32_t) seq->tokens[t] >= c->vocab_size)
                         return ds_error(err, -EINVAL,
                                 "cuda backend: sequence %u: token %d out of range", i,
@@ -2166,18 +2225,32 @@ static int seq_check(const Backend *b, const BkSeq *seq, uint32_t i, DsError *er
         return 0;
 }
 
-static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
-        DsError *err)
+/* The checks every step makes before it runs. */
+static int step_check(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *err)
 {
-        int r;
-
         if (!b || !b->model)
                 return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
         if (!b->kc)
                 return ds_error(err, -EINVAL, "cuda backend: KV cache not initialised");
         CU_TRY(cudaSetDevice(b->dev), "device");
-        if (n_seqs > 0 && (!seqs || !ret_ids))
-                return ds_error(err, -EINVAL, "cuda backend: no sequences or no result array");
+        if (n_seqs > 0 && !seqs)
+                return ds_error(err, -EINVAL, "cuda backend: no sequences");
+        for (uint32_t i = 0; i < n_seqs; i++) {
+                int r = seq_check(b, &seqs[i], i, err);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* A step run to its end, of sequences with their tokens. */
+static int step_sync(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
+        DsError *err)
+{
+        int r;
+
+        if (n_seqs > 0 && !ret_ids)
+                return ds_error(err, -EINVAL, "cuda backend: no result array");
         for (uint32_t i = 0; i < n_seqs; i++) {
                 r = seq_check(b, &seqs[i], i, err);
                 if (r < 0)
@@ -2207,6 +2280,163 @@ static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *re
         return 0;
 }
 
+static int cuda_step(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
+        DsError *err)
+{
+        int r = step_check(b, seqs, n_seqs, err);
+        if (r < 0)
+                return r;
+        if (b->n_pend > 0)
+                return ds_error(err, -EBUSY, "cuda backend: %u submitted steps not collected",
+                        b->n_pend);
+        for (uint32_t i = 0; i < n_seqs; i++)
+                if (seqs[i].chained)
+                        return ds_error(err, -EINVAL,
+                                "cuda backend: sequence %u is chained, which only submit() takes",
+                                i);
+        /* ids_d is this step's now: nothing may chain from the last one submitted */
+        b->have_last = false;
+        return step_sync(b, seqs, n_seqs, ret_ids, err);
+}
+
+/* Makes pd ready for a step of n sequences, and the chain scratch too. */
+static int pend_ready(Backend *b, Pending *pd, uint32_t n, DsError *err)
+{
+        if (!pd->done)
+                CU_TRY(cudaEventCreateWithFlags(&pd->done, cudaEventDisableTiming), "step event");
+        if (!pd->ids_pin)
+                CU_TRY(cudaMallocHost((void **) &pd->ids_pin, TILE_OUT * 4), "pinned ids");
+        if (n > pd->cap) {
+                int32_t *ids = (int32_t *) realloc(pd->ids, (size_t) n * 4);
+                if (!ids)
+                        return ds_error(err, -ENOMEM, "cuda backend: out of memory for ids");
+                pd->ids = ids;
+                pd->cap = n;
+        }
+        if (n > b->chain_cap) {
+                BkSeq *q = (BkSeq *) realloc(b->chain_seqs, (size_t) n * sizeof(*q));
+                if (q)
+                        b->chain_seqs = q;
+                int32_t *t = q ? (int32_t *) realloc(b->chain_tok, (size_t) n * 4) : NULL;
+                if (!t)
+                        return ds_error(err, -ENOMEM, "cuda backend: out of memory for a step");
+                b->chain_tok = t;
+                b->chain_cap = n;
+        }
+        return 0;
+}
+
+static const int32_t *pend_ids(const Pending *pd)
+{
+        return pd->async ? pd->ids_pin : pd->ids;
+}
+
+/* A decode step that can run from its graph while the host goes on: its outputs are the
+ * ids alone. Its chained tokens come from the device when the step before ran there. */
+static bool async_step(const Backend *b, const BkSeq *seqs, uint32_t n)
+{
+        if (!graph_step(b, seqs, n))
+                return false;
+        for (uint32_t i = 0; i < n; i++)
+                if (seqs[i].sample_logits)
+                        return false;
+        return true;
+}
+
+/* The tokens of a step launched from its graph: a chained one refers to the step before
+ * on the device when that one ran in the stream, else takes its id from the host. */
+static int async_tokens(Backend *b, const BkSeq *seqs, uint32_t n, const Pending *prev,
+        DsError *err)
+{
+        for (uint32_t i = 0; i < n; i++) {
+                if (!seqs[i].chained) {
+                        b->chain_tok[i] = seqs[i].tokens[0];
+                        continue;
+                }
+                if (!prev || seqs[i].prev >= prev->n || (!prev->async && prev->ids[seqs[i].prev] < 0))
+                        return ds_error(err, -EINVAL,
+                                "cuda backend: sequence %u chains from sequence %u of the step "
+                                "before, which sampled no id for it",
+                                i, seqs[i].prev);
+                b->chain_tok[i] = prev->async ? -1 - (int32_t) seqs[i].prev
+                                              : prev->ids[seqs[i].prev];
+        }
+        return 0;
+}
+
+static int cuda_submit(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *err)
+{
+        int r = step_check(b, seqs, n_seqs, err);
+        if (r < 0)
+                return r;
+        if (b->n_pend == 2)
+                return ds_error(err, -EBUSY, "cuda backend: two steps are outstanding already");
+        Pending *pd = &b->pend[(b->last + 1) % 3];
+        const Pending *prev = b->have_last ? &b->pend[b->last] : NULL;
+        r = pend_ready(b, pd, n_seqs, err);
+        if (r < 0)
+                return r;
+        /* the other staging pair: the copies of the step before may not have run yet */
+        stage_use(b, b->pair ^ 1);
+        if (async_step(b, seqs, n_seqs)) {
+                Plan p;
+                r = async_tokens(b, seqs, n_seqs, prev, err);
+                if (r == 0)
+                        r = graph_launch(b, seqs, n_seqs, b->chain_tok, &p, err);
+                if (r < 0)
+                        return r;
+                bool host = false;
+                for (uint32_t j = 0; j < n_seqs; j++)
+                        host = host || b->host_row[j];
+                if (host) {
+                        /* a penalty list too long for the device: sampled on the host now */
+                        r = tile_outputs(b, &p, seqs, pd->ids, err);
+                        if (r < 0)
+                                return r;
+                        pd->async = false;
+                } else {
+                        CU_TRY(cudaMemcpyAsync(pd->ids_pin, b->ids_d, (size_t) n_seqs * 4,
+                                       cudaMemcpyDeviceToHost, b->st),
+                                "ids");
+                        CU_TRY(cudaEventRecord(pd->done, b->st), "step event");
+                        pd->async = true;
+                }
+        } else {
+                /* Run to its end; chained tokens need the step before's ids on the host. */
+                if (prev && prev->async)
+                        CU_TRY(cudaEventSynchronize(prev->done), "step");
+                r = bk_chain_resolve(seqs, n_seqs, prev ? pend_ids(prev) : NULL,
+                        prev ? prev->n : 0, b->chain_seqs, b->chain_tok, err);
+                if (r < 0)
+                        return ds_error_prefix(err, "cuda backend");
+                r = step_sync(b, b->chain_seqs, n_seqs, pd->ids, err);
+                if (r < 0)
+                        return r;
+                pd->async = false;
+        }
+        pd->n = n_seqs;
+        b->last = (b->last + 1) % 3;
+        b->have_last = true;
+        b->n_pend++;
+        return 0;
+}
+
+static int cuda_collect(Backend *b, int32_t *ret_ids, uint32_t n_seqs, DsError *err)
+{
+        if (!b || b->n_pend == 0)
+                return ds_error(err, -EINVAL, "cuda backend: no step to collect");
+        CU_TRY(cudaSetDevice(b->dev), "device");
+        Pending *pd = &b->pend[(b->last + 4 - b->n_pend) % 3];
+        b->n_pend--;
+        if (pd->async)
+                CU_TRY(cudaEventSynchronize(pd->done), "step");
+        if (n_seqs != pd->n || (n_seqs > 0 && !ret_ids))
+                return ds_error(err, -EINVAL,
+                        "cuda backend: the step collected had %u sequences, not %u", pd->n, n_seqs);
+        memcpy(ret_ids, pend_ids(pd), (size_t) n_seqs * 4);
+        return 0;
+}
+
 static void cuda_free(Backend *b)
 {
         if (!b)
@@ -2227,6 +2457,14 @@ static void cuda_free(Backend *b)
                 cudaEventDestroy(b->fork);
         if (b->join)
                 cudaEventDestroy(b->join);
+        for (size_t i = 0; i < ELEMENTSOF(b->pend); i++) {
+                if (b->pend[i].done)
+                        cudaEventDestroy(b->pend[i].done);
+                cudaFreeHost(b->pend[i].ids_pin);
+                free(b->pend[i].ids);
+        }
+        free(b->chain_seqs);
+        free(b->chain_tok);
         free(b);
 }
 
@@ -2248,6 +2486,8 @@ extern "C" const BackendOps backend_cuda_ops = {
         .kv_init = cuda_kv_init,
         .kv_bytes_per_token = cuda_kv_bytes_per_token,
         .step = cuda_step,
+        .submit = cuda_submit,
+        .collect = cuda_collect,
         .mem_info = cuda_mem_info,
         .free = cuda_free,
 };

@@ -55,21 +55,27 @@ __device__ float block_sum(float v, float *red)
 /* ---------------------------------------------------------------------------------------
  * Embedding, RMSNorm with the residual add, RoPE with the KV append, SwiGLU */
 
-__global__ void k_embed(const __half *embed, const int32_t *tokens, uint32_t hidden, float *x)
+/* A token below 0 is the id sampled for row -1 - token of the step before, which that
+ * step's sampler left in chain. */
+__global__ void k_embed(const __half *embed, const int32_t *tokens, const int32_t *chain,
+        uint32_t hidden, float *x)
 {
         pdl_wait();
         pdl_trigger();
-        const __half *e = embed + (size_t) tokens[blockIdx.x] * hidden;
+        int32_t tk = tokens[blockIdx.x];
+        if (tk < 0)
+                tk = chain[-1 - tk];
+        const __half *e = embed + (size_t) tk * hidden;
         float *o = x + (size_t) blockIdx.x * hidden;
 
         for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x)
                 o[i] = __half2float(e[i]);
 }
 
-void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, uint32_t hidden,
-        float *x)
+void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
+        uint32_t rows, uint32_t hidden, float *x)
 {
-        k_embed<<<rows, 256, 0, st>>>(embed, meta.tokens, hidden, x);
+        k_embed<<<rows, 256, 0, st>>>(embed, meta.tokens, chain, hidden, x);
 }
 
 /* One cluster of ADD_NORM_CTAS blocks of ADD_NORM_THREADS per output row: block c of the

@@ -63,9 +63,10 @@ __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, si
         return bias ? y + bias[col] : y;
 }
 
-/* x[m] = embed[token[m]] widened to float32. */
-void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, uint32_t rows, uint32_t hidden,
-        float *x);
+/* x[m] = embed[token[m]] widened to float32; a token t < 0 is chain[-1 - t], an id the
+ * step before sampled (chained steps, see cuda_submit). */
+void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
+        uint32_t rows, uint32_t hidden, float *x);
 
 /* A MoE layer's output as add_norm's input (see cu_add_norm): row r's top_k pairs' down
  * partials, each pair's slices summed and weighted by w[r * top_k + k], plus the shared

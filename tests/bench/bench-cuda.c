@@ -3,10 +3,13 @@
  * load time, GPU memory, device copy bandwidth measured in the same run, prefill of 512
  * and 2048 tokens (TTFT at 2048), and decode tokens/s at batch 1, 8, 32, 64, 128 with
  * 512-token contexts, and the bytes a batch-1 step reads (for MoE, of the experts it
- * touches) against the copy bandwidth. Times are wall-clock medians of whole step() calls after
- * warm-up (the graph of each bucket is captured during warm-up). Then each decode batch's
- * graph replayed back to back (cuda_bench_replay, the mean of DECODE replays): the step
- * without the host's part, whose difference from the step is the host's. Exits 77 without a
+ * touches) against the copy bandwidth. Prefill times are wall-clock medians of whole step()
+ * calls after warm-up. Decode steps run as dsd's scheduler runs them: each submitted before
+ * the one before is collected, its tokens chained on the device (BkSeq.chained), and a
+ * step's time is the median interval between consecutive collects after warm-up (the graph
+ * of each bucket is captured during warm-up). Then each decode batch's graph replayed back
+ * to back (cuda_bench_replay, the mean of DECODE replays): the step without the host's
+ * part, whose difference from the step is what the host still adds. Exits 77 without a
  * device or without a model directory.
  *
  * For profiling one phase at a time (nsys, ncu), DSD_BENCH_ONLY names what runs, e.g.
@@ -245,26 +248,29 @@ int main(int argc, char **argv)
                 if (!phase_on(name))
                         continue;
                 BkSeq q[128];
-                int32_t cur[128], ids[128];
-                double t[DECODE];
-                for (uint32_t s = 0; s < n; s++)
-                        cur[s] = prompt[s];
+                int32_t ids[128];
+                double t[DECODE], done[WARMUP + DECODE];
                 nvtxRangePushA(name);
-                for (int step = 0; step < WARMUP + DECODE; step++) {
-                        for (uint32_t s = 0; s < n; s++)
-                                q[s] = (BkSeq){.tokens = &cur[s],
+                for (int step = 0; step <= WARMUP + DECODE; step++) {
+                        for (uint32_t s = 0; s < n && step < WARMUP + DECODE; s++)
+                                q[s] = (BkSeq){.tokens = &prompt[s],
                                         .n_tokens = 1,
                                         .pos = CTX + (uint32_t) step,
                                         .blocks = &tables[s * blocks_per_seq],
                                         .n_blocks = blocks_per_seq,
                                         .sample = true,
                                         .sampling = decode_sampling(s),
-                                        .draw = (uint64_t) step};
-                        double s0 = now_s();
-                        CHECK(ops->step(b, q, n, ids, &err) == 0, "%s", err.msg);
-                        if (step >= WARMUP)
-                                t[step - WARMUP] = now_s() - s0;
-                        memcpy(cur, ids, n * sizeof(int32_t));
+                                        .draw = (uint64_t) step,
+                                        .chained = step > 0,
+                                        .prev = s};
+                        if (step < WARMUP + DECODE)
+                                CHECK(ops->submit(b, q, n, &err) == 0, "%s", err.msg);
+                        if (step == 0)
+                                continue;
+                        CHECK(ops->collect(b, ids, n, &err) == 0, "%s", err.msg);
+                        done[step - 1] = now_s();
+                        if (step - 1 >= WARMUP)
+                                t[step - 1 - WARMUP] = done[step - 1] - done[step - 2];
                 }
                 nvtxRangePop();
                 dec_ms[k] = median(t, DECODE) * 1e3;

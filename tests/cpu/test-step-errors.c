@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* The CPU backend refuses bad calls with the documented codes and a message, before
  * touching the cache: no model, no cache, a cache too small, out-of-range tokens and
- * blocks, too few blocks, and positions past the context limit. A good step afterwards
- * still gives the reference logits. */
+ * blocks, too few blocks, and positions past the context limit; submit and collect out of
+ * turn, and chained tokens with nothing to chain from. A chained step samples what the
+ * plain step does. A good step afterwards still gives the reference logits. */
 #include "cpu_fixture.h"
 
 static void expect(int got, int want, const DsError *err, const char *what)
@@ -68,6 +69,36 @@ int main(void)
         BkSeq two[2] = {s, bad};
         expect(ops->step(f.b, two, 2, (int32_t[2]){}, &err), -DS_ERR_CONTEXT_FULL, &err,
                 "bad second sequence");
+
+        /* submit and collect: a chained step feeds the id its predecessor sampled, as a
+         * plain step fed that id does; misuse is refused. */
+        int32_t ids[2], plain[2];
+        BkSeq first = s, chained = s;
+        first.sample = chained.sample = true;
+        chained.tokens = NULL;
+        chained.chained = true;
+        chained.pos = 1;
+        expect(ops->collect(f.b, ids, 1, &err), -EINVAL, &err, "collect, nothing submitted");
+        expect(ops->submit(f.b, &chained, 1, &err), -EINVAL, &err, "chained, no step before");
+        CHECK(ops->step(f.b, &first, 1, &plain[0], &err) == 0, "%s", err.msg);
+        BkSeq next = s;
+        next.tokens = &plain[0];
+        next.pos = 1;
+        next.sample = true;
+        CHECK(ops->step(f.b, &next, 1, &plain[1], &err) == 0, "%s", err.msg);
+        CHECK(ops->submit(f.b, &first, 1, &err) == 0, "%s", err.msg);
+        CHECK(ops->submit(f.b, &chained, 1, &err) == 0, "%s", err.msg);
+        expect(ops->submit(f.b, &first, 1, &err), -EBUSY, &err, "a third step outstanding");
+        expect(ops->collect(f.b, ids, 2, &err), -EINVAL, &err, "collect, wrong count");
+        CHECK(ops->collect(f.b, &ids[1], 1, &err) == 0, "%s", err.msg);
+        CHECK(ids[1] == plain[1], "chained step sampled %d, the plain one %d", ids[1], plain[1]);
+        CHECK(plain[0] >= 0 && plain[1] >= 0, "no ids sampled");
+        BkSeq unsampled = s;
+        CHECK(ops->submit(f.b, &unsampled, 1, &err) == 0, "%s", err.msg);
+        CHECK(ops->collect(f.b, ids, 1, &err) == 0 && ids[0] == -1, "an unsampled id");
+        expect(ops->submit(f.b, &chained, 1, &err), -EINVAL, &err, "chained to no sample");
+        chained.prev = 1;
+        expect(ops->submit(f.b, &chained, 1, &err), -EINVAL, &err, "chained past the step");
 
         /* The backend is still good. */
         float *out = calloc((size_t) g.n_input * f.vocab, sizeof(float));

@@ -190,8 +190,10 @@ static inline void gpu_step_both(
 }
 
 /* On the CUDA backend, n <= 20 sequences, a 20-token prompt each, then 24 greedy steps of
- * all of them; out (24, n) gets the ids. */
-static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
+ * all of them; out (24, n) gets the ids. chained: the steps go through submit and collect,
+ * each after the first submitted before the one it follows is collected and fed its ids
+ * on the backend (BkSeq.chained). */
+static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out, bool chained)
 {
         DsError err = {0};
         static uint32_t blocks[20][8];
@@ -221,29 +223,56 @@ static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out)
                                 .sample = true,
                                 .sampling = {.repetition_penalty = 1}};
                 int32_t next[20];
-                CHECK(backend_cuda_ops.step(b, q, n, next, &err) == 0, "%s", err.msg);
-                for (uint32_t s = 0; s < n; s++) {
-                        CHECK(next[s] >= 0 && next[s] < (int32_t) V - 3, "id %d", next[s]);
-                        cur[s] = next[s];
-                        out[step * n + s] = next[s];
+                if (chained) {
+                        for (uint32_t s = 0; s < n && step > 0; s++)
+                                q[s] = (BkSeq){.n_tokens = 1,
+                                        .pos = 20 + step,
+                                        .blocks = blocks[s],
+                                        .n_blocks = 8,
+                                        .sample = true,
+                                        .sampling = {.repetition_penalty = 1},
+                                        .chained = true,
+                                        .prev = s};
+                        CHECK(backend_cuda_ops.submit(b, q, n, &err) == 0, "%s", err.msg);
+                        if (step == 0)
+                                continue;
+                        CHECK(backend_cuda_ops.collect(b, next, n, &err) == 0, "%s", err.msg);
+                        memcpy(&out[(step - 1) * n], next, n * sizeof(*next));
+                        continue;
                 }
+                CHECK(backend_cuda_ops.step(b, q, n, next, &err) == 0, "%s", err.msg);
+                memcpy(&out[step * n], next, n * sizeof(*next));
+                memcpy(cur, next, n * sizeof(*next));
         }
+        if (chained)
+                CHECK(backend_cuda_ops.collect(b, &out[23 * n], n, &err) == 0, "%s", err.msg);
+        for (uint32_t k = 0; k < 24 * n; k++)
+                CHECK(out[k] >= 0 && out[k] < (int32_t) V - 3, "id %d", out[k]);
 }
 
 /* The same greedy decodes of 2 (x through shared memory in the GEMVs), 5 (a padded graph
  * bucket) and 20 sequences (the cuBLAS path) on graph and on eager backends of one model
- * must give the same ids. */
+ * must give the same ids, and so must chained steps on both: from graphs, the ids stay on
+ * the device; eager, they come through the host. */
 static inline void gpu_graph_vs_eager(Backend *graph, Backend *eager, uint32_t V, size_t model)
 {
         static const uint32_t batches[] = {2, 5, 20};
         for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
                 uint32_t n = batches[i];
-                int32_t a[24 * 20], b[24 * 20];
-                gpu_greedy(graph, V, n, a);
-                gpu_greedy(eager, V, n, b);
-                for (uint32_t k = 0; k < 24 * n; k++)
+                int32_t a[24 * 20], b[24 * 20], c[24 * 20], d[24 * 20];
+                gpu_greedy(graph, V, n, a, false);
+                gpu_greedy(eager, V, n, b, false);
+                gpu_greedy(graph, V, n, c, true);
+                gpu_greedy(eager, V, n, d, true);
+                for (uint32_t k = 0; k < 24 * n; k++) {
                         CHECK(a[k] == b[k], "model %zu batch %u: graph id %d, eager %d at step %u",
                                 model, n, a[k], b[k], k / n);
-                printf("model %zu batch %u: graph ids == eager ids (24 steps)\n", model, n);
+                        CHECK(c[k] == b[k] && d[k] == b[k],
+                                "model %zu batch %u: chained graph id %d, chained eager %d, "
+                                "eager %d at step %u",
+                                model, n, c[k], d[k], b[k], k / n);
+                }
+                printf("model %zu batch %u: graph ids == eager ids == chained ids (24 steps)\n",
+                        model, n);
         }
 }

@@ -13,7 +13,7 @@
  * rows: 160-position items, several row tiles), logits within 1e-2 relative error of the CPU's for
  * every row but where routing met a near tie (see rows_err);
  *  - 24 greedy decode steps of 5 and of 20 sequences after 20-token prompts: graph
- *    replays give the ids eager steps give. */
+ *    replays give the ids eager steps give, and so do chained steps (submit, collect). */
 #include "cpu_moe.h"
 #include "gpu_util.h"
 

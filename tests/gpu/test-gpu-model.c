@@ -5,7 +5,8 @@
  *  - a chunked prefill of 300 tokens, a 3-sequence decode, then steps of 2 and of 1
  *    sequence, logits within 1e-2 relative error of the CPU's for every position;
  *  - 24 greedy decode steps of 2, of 5 (a padded graph bucket) and of 20 sequences (the
- *    cuBLAS path): graph replays give the same ids as eager steps. */
+ *    cuBLAS path): graph replays give the same ids as eager steps, and so do chained steps
+ *    (submit, collect) on either. */
 #include "gpu_util.h"
 
 #define TOL    1e-2

@@ -2,7 +2,10 @@
 /* 32 concurrent greedy requests through the scheduler produce byte for byte the text each
  * produces alone through engine_generate(): with a KV pool large enough for all of them,
  * and (argument "preempt") with one so small that sequences are preempted and recomputed.
- * Some prompts reach the model's context limit, some stop on a stop string.
+ * Some prompts reach the model's context limit, some stop on a stop string. Steps are
+ * chained (submitted before the one they follow is collected) where the batch allows, so
+ * the comparison covers chained tokens and the position a stopped sequence computes in
+ * vain.
  *
  * usage: test-sched-identical MODEL_DIR [preempt] */
 #include <string.h>
@@ -68,9 +71,12 @@ int main(int argc, char **argv)
 
         SchedStats st;
         sched_stats(s, &st);
-        printf("%llu steps, batches up to %u sequences, %llu preemptions, %llu tokens\n",
-                (unsigned long long) st.steps, max_batch, (unsigned long long) st.preemptions,
-                (unsigned long long) st.generated_tokens);
+        printf("%llu steps (%llu chained), batches up to %u sequences, %llu preemptions, %llu "
+               "tokens\n",
+                (unsigned long long) st.steps, (unsigned long long) st.chained_steps, max_batch,
+                (unsigned long long) st.preemptions, (unsigned long long) st.generated_tokens);
+        CHECK(st.chained_steps > 0 && st.chained_steps < st.steps, "%llu of %llu steps chained",
+                (unsigned long long) st.chained_steps, (unsigned long long) st.steps);
         CHECK(st.kv_blocks_free == st.kv_blocks_total, "%u of %u blocks free at the end",
                 st.kv_blocks_free, st.kv_blocks_total);
         CHECK(st.finished == N_REQS && st.failed == 0, "%llu finished, %llu failed",
