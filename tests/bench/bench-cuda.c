@@ -6,8 +6,9 @@
  * touches) against the copy bandwidth. Prefill times are wall-clock medians of whole step()
  * calls after warm-up. Decode steps run as dsd's scheduler runs them: each submitted before
  * the one before is collected, its tokens chained on the device (BkSeq.chained), and a
- * step's time is the median interval between consecutive collects after warm-up (the graph
- * of each bucket is captured during warm-up). Then each decode batch's graph replayed back
+ * step's time is the median of DECODE intervals between consecutive collects, after a
+ * warm-up of WARMUP steps and WARMUP_S seconds at least (the graph of each bucket is
+ * captured during warm-up). Then each decode batch's graph replayed back
  * to back (cuda_bench_replay, the mean of DECODE replays): the step without the host's
  * part, whose difference from the step is what the host still adds. Exits 77 without a
  * device or without a model directory.
@@ -32,11 +33,14 @@
 #include "model.h"
 #include "test_util.h"
 
-#define BT      16
-#define CTX     512
-#define DECODE  24
-#define WARMUP  3
-#define PRIVATE 4 /* blocks of decoded positions per sequence */
+#define BT     16
+#define CTX    512
+#define DECODE 32
+#define WARMUP 3 /* decode steps at least before the measured ones */
+#define WARMUP_S                                                                                   \
+        0.1       /* and seconds: after the prefill phase the clocks take tens of ms to            \
+                   * settle (PERF.md, thirteenth session) */
+#define PRIVATE 8 /* blocks of decoded positions per sequence */
 
 /* Sequence s's sampling in decode steps (see DSD_BENCH_SAMPLING). */
 static BkSampling decode_sampling(uint32_t s)
@@ -249,28 +253,37 @@ int main(int argc, char **argv)
                         continue;
                 BkSeq q[128];
                 int32_t ids[128];
-                double t[DECODE], done[WARMUP + DECODE];
+                double t[DECODE], last = 0, t0 = now_s();
+                uint32_t n_t = 0, warm = 0; /* steps 0 .. warm - 1 warm up, once known */
                 nvtxRangePushA(name);
-                for (int step = 0; step <= WARMUP + DECODE; step++) {
-                        for (uint32_t s = 0; s < n && step < WARMUP + DECODE; s++)
+                for (uint32_t step = 0;; step++) {
+                        bool more = warm == 0 || step < warm + DECODE;
+                        CHECK(step < PRIVATE * BT, "%u decode steps pass the blocks", step);
+                        for (uint32_t s = 0; s < n && more; s++)
                                 q[s] = (BkSeq){.tokens = &prompt[s],
                                         .n_tokens = 1,
-                                        .pos = CTX + (uint32_t) step,
+                                        .pos = CTX + step,
                                         .blocks = &tables[s * blocks_per_seq],
                                         .n_blocks = blocks_per_seq,
                                         .sample = true,
                                         .sampling = decode_sampling(s),
-                                        .draw = (uint64_t) step,
+                                        .draw = step,
                                         .chained = step > 0,
                                         .prev = s};
-                        if (step < WARMUP + DECODE)
+                        if (more)
                                 CHECK(ops->submit(b, q, n, &err) == 0, "%s", err.msg);
-                        if (step == 0)
-                                continue;
-                        CHECK(ops->collect(b, ids, n, &err) == 0, "%s", err.msg);
-                        done[step - 1] = now_s();
-                        if (step - 1 >= WARMUP)
-                                t[step - 1 - WARMUP] = done[step - 1] - done[step - 2];
+                        if (step > 0) {
+                                /* step - 1 is done */
+                                CHECK(ops->collect(b, ids, n, &err) == 0, "%s", err.msg);
+                                double now = now_s();
+                                if (warm > 0)
+                                        t[n_t++] = now - last;
+                                else if (step >= WARMUP && now - t0 >= WARMUP_S)
+                                        warm = step;
+                                last = now;
+                        }
+                        if (!more)
+                                break;
                 }
                 nvtxRangePop();
                 dec_ms[k] = median(t, DECODE) * 1e3;
