@@ -20,7 +20,9 @@
  * "b1/"), and DSD_BENCH_DEVICE is passed as BkOptions.device ("eager" for per-kernel
  * profiling, "no-pdl" for decode graphs without programmatic edges). DSD_BENCH_SAMPLING
  * (any value) makes decode steps sample with temperature 0.8 and top-p 0.9 instead of
- * greedily, to price sampling on the device. */
+ * greedily, to price sampling on the device. DSD_BENCH_UNCHAINED (any value) runs each decode
+ * step through step() instead, its ids back on the host before the next is planned, to
+ * price the chaining. */
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdbool.h>
@@ -252,15 +254,17 @@ int main(int argc, char **argv)
                 if (!phase_on(name))
                         continue;
                 BkSeq q[128];
-                int32_t ids[128];
-                double t[DECODE], last = 0, t0 = now_s();
+                int32_t ids[128], cur[128];
+                bool unchained = getenv("DSD_BENCH_UNCHAINED") != NULL;
+                double t[DECODE], last = 0, start = now_s();
                 uint32_t n_t = 0, warm = 0; /* steps 0 .. warm - 1 warm up, once known */
+                memcpy(cur, prompt, n * sizeof(*cur));
                 nvtxRangePushA(name);
                 for (uint32_t step = 0;; step++) {
                         bool more = warm == 0 || step < warm + DECODE;
                         CHECK(step < PRIVATE * BT, "%u decode steps pass the blocks", step);
                         for (uint32_t s = 0; s < n && more; s++)
-                                q[s] = (BkSeq){.tokens = &prompt[s],
+                                q[s] = (BkSeq){.tokens = &cur[s],
                                         .n_tokens = 1,
                                         .pos = CTX + step,
                                         .blocks = &tables[s * blocks_per_seq],
@@ -268,19 +272,25 @@ int main(int argc, char **argv)
                                         .sample = true,
                                         .sampling = decode_sampling(s),
                                         .draw = step,
-                                        .chained = step > 0,
+                                        .chained = step > 0 && !unchained,
                                         .prev = s};
-                        if (more)
+                        /* Chained, step - 1 is collected after step is submitted; unchained,
+                         * step runs to its end. */
+                        if (more && unchained)
+                                CHECK(ops->step(b, q, n, ids, &err) == 0, "%s", err.msg);
+                        else if (more)
                                 CHECK(ops->submit(b, q, n, &err) == 0, "%s", err.msg);
-                        if (step > 0) {
-                                /* step - 1 is done */
+                        if (!unchained && step > 0)
                                 CHECK(ops->collect(b, ids, n, &err) == 0, "%s", err.msg);
+                        if (unchained ? more : step > 0) {
+                                uint32_t done = unchained ? step : step - 1;
                                 double now = now_s();
                                 if (warm > 0)
                                         t[n_t++] = now - last;
-                                else if (step >= WARMUP && now - t0 >= WARMUP_S)
-                                        warm = step;
+                                else if (done + 1 >= WARMUP && now - start >= WARMUP_S)
+                                        warm = done + 1;
                                 last = now;
+                                memcpy(cur, ids, n * sizeof(*cur));
                         }
                         if (!more)
                                 break;
