@@ -141,6 +141,20 @@ static void loop_publish_stats(EngineLoop *l)
         }
 }
 
+/* sched_set_flush: the events of the step just collected go to the I/O thread before
+ * the next step runs, which may take a prefill's milliseconds inside the backend. */
+static void loop_flush(void *userdata)
+{
+        EngineLoop *l = userdata;
+
+        pthread_mutex_lock(&l->lock);
+        loop_publish_stats(l); /* what the events report, as after a round */
+        if (l->pushed)
+                loop_notify(l);
+        l->pushed = 0;
+        pthread_mutex_unlock(&l->lock);
+}
+
 static void loop_apply(EngineLoop *l, uint32_t n_taken, uint32_t n_cmds)
 {
         for (uint32_t i = 0; i < n_taken; i++)
@@ -294,6 +308,7 @@ int engine_loop_start(
         r = sched_new(e, &l->lim, loop_emit, l, &l->s, err);
         if (r < 0)
                 return r;
+        sched_set_flush(l->s, loop_flush);
         l->max_events = sched_max_events(l->s);
         /* Twice one round's worth: the engine runs on while the I/O thread holds a round. */
         l->out_cap = 2 * l->max_events;

@@ -25,7 +25,9 @@
  * tokens. That chained step is the batch the scheduler would have built after the
  * collect, except for a sequence that the collected token ends (EOS, a stop string): it
  * computes one position more, which is dropped. Sequences with penalties or logprobs are
- * never chained, since their inputs need the collected token. */
+ * never chained, since their inputs need the collected token. A backend that computes the
+ * step inside submit (the CPU) is not chained: there it would only hold back the tokens of
+ * the step before. */
 #include <assert.h>
 #include <math.h>
 #include <stdlib.h>
@@ -95,6 +97,7 @@ struct Sched {
         Engine *e;
         SchedLimits lim;
         SchedEmit emit;
+        void (*flush)(void *userdata);
         void *userdata;
         uint32_t capacity; /* context limit: positions one sequence may reach */
         uint32_t vocab_size, vocab_sample;
@@ -115,6 +118,7 @@ struct Sched {
         Flight fl[2];
         uint32_t cur;
         bool flying;
+        bool chaining;      /* BackendOps.overlaps, or sched_set_chaining() */
         uint64_t submitted; /* steps submitted */
         int32_t *ids;       /* (max_seqs) */
         char piece[TOK_STREAM_OUT_MAX];
@@ -603,6 +607,7 @@ int sched_new(Engine *e, const SchedLimits *lim, SchedEmit emit, void *userdata,
         s->capacity = sched_capacity(e);
         s->vocab_size = e->model->bk.cfg.vocab_size;
         s->vocab_sample = e->model->bk.cfg.vocab_sample;
+        s->chaining = e->ops->overlaps;
         bool ok = true;
         for (uint32_t f = 0; f < ELEMENTSOF(s->fl); f++) {
                 s->fl[f].batch = calloc(lim->max_seqs, sizeof(*s->fl[f].batch));
@@ -652,6 +657,16 @@ Sched *sched_free(Sched *s)
         free(s->ids);
         free(s);
         return NULL;
+}
+
+void sched_set_flush(Sched *s, void (*flush)(void *userdata))
+{
+        s->flush = flush;
+}
+
+void sched_set_chaining(Sched *s, bool on)
+{
+        s->chaining = on || s->e->ops->overlaps;
 }
 
 uint32_t sched_max_events(const Sched *s)
@@ -1052,7 +1067,7 @@ int sched_step(Sched *s, DsError *err)
         if (s->flying) {
                 Flight *cur = &s->fl[s->cur];
                 /* A chained step that cannot be submitted is built again after the collect. */
-                bool chained = sched_chain(s, cur, next) &&
+                bool chained = s->chaining && sched_chain(s, cur, next) &&
                                s->e->ops->submit(s->e->be, next->bk, next->n, err) == 0;
                 if (!chained)
                         next->n = 0;
@@ -1065,6 +1080,10 @@ int sched_step(Sched *s, DsError *err)
                 if (r < 0)
                         return r;
                 collected = r;
+                /* Its events go out now: the backend may run the next step inside submit,
+                 * which can take a prefill's milliseconds. */
+                if (s->flush)
+                        s->flush(s->userdata);
         }
 
         n = sched_batch_running(s, next, &budget);

@@ -157,6 +157,15 @@ int sched_new(Engine *e, const SchedLimits *lim, SchedEmit emit, void *userdata,
 Sched *sched_free(Sched *s);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Sched *, sched_free);
 
+/* Called by sched_step() once the events of the step it collected are emitted, before it
+ * submits the next, which the backend may run inside submit: where the owner makes them
+ * visible (the engine loop wakes the I/O thread). NULL: nothing. */
+void sched_set_flush(Sched *s, void (*flush)(void *userdata));
+
+/* Chains steps (see sched_step) even on a backend that runs them inside submit, where it
+ * only delays each step's events by the next step: for tests of the chaining on the CPU. */
+void sched_set_chaining(Sched *s, bool on);
+
 /* Events one sched_step() or sched_cancel_all() may emit at most. */
 uint32_t sched_max_events(const Sched *s);
 
@@ -181,12 +190,14 @@ void sched_resume_client(Sched *s, uint32_t client);
 /* Cancels everything now (emitting cancelled FINALs), for a stop without drain. */
 void sched_cancel_all(Sched *s);
 
-/* Runs one step: collects the step in flight and emits its events, admits, builds the
- * next batch and submits it to the backend, where it stays in flight until the next call
- * (the two overlap when the next batch can be chained, see scheduler.c). Returns the
- * number of sequences submitted, else of those collected (0 when nothing could run: all
- * idle or paused), or a negative code when the backend failed, after emitting an ERROR
- * event for every sequence of that batch. */
+/* Runs one step: collects the step in flight and emits its events, then admits, builds
+ * the next batch and submits it to the backend, where it stays in flight until the next
+ * call. When the next batch can be chained (see scheduler.c; on a backend that overlaps,
+ * BackendOps.overlaps, or after sched_set_chaining) it is submitted before the collect;
+ * else the flush callback runs between the collect's events and the submit. Returns the
+ * number of sequences submitted, else collected (0 when nothing could run: all idle or
+ * paused), or a negative code when the backend failed, after emitting an ERROR event for
+ * every sequence of that batch. */
 int sched_step(Sched *s, DsError *err);
 
 /* True when no request is queued, admitted or pending cancellation. */

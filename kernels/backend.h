@@ -250,6 +250,9 @@ typedef struct BackendOps {
          * its step. */
         int (*submit)(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *err);
         int (*collect)(Backend *b, int32_t *ret_ids, uint32_t n_seqs, DsError *err);
+        /* True when submit() returns while a decode step runs (on a device), so that what
+         * the host does meanwhile costs the step nothing; false when it computes there. */
+        bool overlaps;
         /* Device memory in use and the device's total, in bytes; NULL for a backend that
          * computes in host memory. May be called from any thread. */
         int (*mem_info)(const Backend *b, uint64_t *ret_used, uint64_t *ret_total);

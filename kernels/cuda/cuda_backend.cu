@@ -2488,6 +2488,7 @@ extern "C" const BackendOps backend_cuda_ops = {
         .step = cuda_step,
         .submit = cuda_submit,
         .collect = cuda_collect,
+        .overlaps = true,
         .mem_info = cuda_mem_info,
         .free = cuda_free,
 };

@@ -3,9 +3,9 @@
  * produces alone through engine_generate(): with a KV pool large enough for all of them,
  * and (argument "preempt") with one so small that sequences are preempted and recomputed.
  * Some prompts reach the model's context limit, some stop on a stop string. Steps are
- * chained (submitted before the one they follow is collected) where the batch allows, so
- * the comparison covers chained tokens and the position a stopped sequence computes in
- * vain.
+ * chained (submitted before the one they follow is collected, sched_set_chaining) where
+ * the batch allows, so the comparison covers chained tokens and the position a stopped
+ * sequence computes in vain.
  *
  * usage: test-sched-identical MODEL_DIR [preempt] */
 #include <string.h>
@@ -50,6 +50,7 @@ int main(int argc, char **argv)
         SchedLimits lim = {.max_seqs = N_REQS, .step_tokens = 256, .max_queued = N_REQS};
         CHECK(sched_limits_check(&lim, &err) == 0, "%s", err.msg);
         CHECK(sched_new(e, &lim, sink_emit, &sink, &s, &err) == 0, "%s", err.msg);
+        sched_set_chaining(s, true);
         for (uint32_t i = 0; i < N_REQS; i++)
                 CHECK(sched_add(s, make_request(e, i, i % 5, story_prompts[i], max_tokens[i],
                                            stops[i])) == 0,
