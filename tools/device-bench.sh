@@ -1,7 +1,8 @@
 #!/bin/sh
 # The GPU benchmark in one device command: builds with tools/device-build.sh, runs the gpu
 # suite (a failing check stops here), writes the synthetic checkpoints, benches them, traces
-# their batch-1 step kernel by kernel (libkernel-trace.so) and prints the tables last. Logs
+# their batch-1 step kernel by kernel (libkernel-trace.so), serves them from dsd to dsbench
+# (1 and 8 requests in flight) and prints the tables last. Logs
 # go to $OUT (or /tmp). Shapes: qwen2-7b deepseek-v2-lite by default, qwen2-32b too with
 # --full (decode batch 1 and prefill 2048 only: 78 GiB).
 #   tools/device-bench.sh [--full]
@@ -36,6 +37,23 @@ if [ -f $trace ]; then
 fi
 build-dev/daemon/dsd --model /tmp/v2l --backend cuda --generate "The capital of" \
         --max-tokens 16 2>&1 >/dev/null | tr '\r' '\n' | tail -1
+# dsd serving each model to dsbench: 1 and 8 requests in flight, 256 tokens at most each
+for m in q7 v2l; do
+        sock=/tmp/dsd-bench.sock
+        rm -f $sock
+        build-dev/daemon/dsd --model /tmp/$m --backend cuda --bus none --socket $sock \
+                --kv-bytes 8589934592 --max-batch 64 >"$out/dsd-$m.log" 2>&1 &
+        pid=$!
+        for i in $(seq 240); do [ -S $sock ] && break; sleep 0.25; done
+        for c in 1 8; do
+                echo "dsbench $m, $c in flight:"
+                build-dev/tools/dsbench/dsbench --socket $sock --concurrency $c \
+                        --requests $((3 * c)) --max-tokens 256 --rtt-rounds 100 2>&1 |
+                        grep -E "throughput|inter-token|delivery"
+        done
+        kill $pid
+        wait $pid
+done >"$out/serve.log" 2>&1
 if [ $full = 1 ]; then
         rm -rf /tmp/q7 /tmp/v2l
         $q synth --shape qwen2-32b /tmp/q32 >"$out/synth-32b.log" 2>&1
@@ -45,4 +63,5 @@ fi
 tail -13 "$out/bench-7b.log"
 tail -13 "$out/bench-v2l.log"
 [ -f $trace ] && grep -h -A12 "^kernel-trace:" "$out/trace-q7.log" "$out/trace-v2l.log"
+cat "$out/serve.log"
 echo "total: $(($(date +%s) - t0)) s"
