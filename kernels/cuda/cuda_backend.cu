@@ -663,7 +663,6 @@ static int model_check(const BkModel *m, DsError *err)
         return 0;
 }
 
-/* The sampling buffers, for the TILE_OUT logits rows of a tile. */
 /* Plans the next step into staging pair i. */
 static void stage_use(Backend *b, uint32_t i)
 {
@@ -673,6 +672,7 @@ static void stage_use(Backend *b, uint32_t i)
         b->pen_h = (uint2 *) (b->samp_h + TILE_OUT);
 }
 
+/* The sampling buffers, for the TILE_OUT logits rows of a tile. */
 static int sample_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
