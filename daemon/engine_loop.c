@@ -49,6 +49,7 @@ struct EngineLoop {
         SchedEvent *out; /* (out_cap) ring, out_head .. out_tail-1 pending */
         uint32_t out_cap;
         uint64_t out_head, out_tail;
+        uint64_t round_end[2]; /* out_tail after the round before last and after the last */
         bool stopping, drain;
         uint64_t watchdog_usec; /* ping interval, 0 for none */
         EngineLoopPing watchdog_fn;
@@ -232,7 +233,12 @@ static void *loop_thread(void *userdata)
         pthread_mutex_lock(&l->lock);
         for (;;) {
                 loop_watchdog(l);
-                while (out_room(l) < l->max_events && !(l->stopping && !l->drain))
+                /* Room for a round, and at most one round's events not yet taken by the I/O
+                 * thread: a client the I/O thread pauses then gets at most two rounds'
+                 * events more, which its session's bound holds (session.c), even when the
+                 * I/O thread was kept from the outbox for many steps. */
+                while ((out_room(l) < l->max_events || l->out_head < l->round_end[0]) &&
+                        !(l->stopping && !l->drain))
                         loop_wait(l);
 
                 /* Take the inbox. Requests before commands: a cancel always follows the
@@ -267,6 +273,8 @@ static void *loop_thread(void *userdata)
                         sched_cancel_all(l->s);
 
                 pthread_mutex_lock(&l->lock);
+                l->round_end[0] = l->round_end[1];
+                l->round_end[1] = l->out_tail;
                 loop_publish_stats(l);
                 if (l->pushed)
                         loop_notify(l);

@@ -5,7 +5,8 @@
  *   - requests submitted from another thread stream back through the outbox, woken by the
  *     eventfd, with the text engine_generate() gives each alone;
  *   - cancel_client ends a paused client's requests; stop joins cleanly and the pool is
- *     full again (ASan checks for leaks). */
+ *     full again (ASan checks for leaks);
+ *   - the engine runs at most two rounds ahead of the events taken. */
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
@@ -191,6 +192,32 @@ static void test_stop_cancels(Engine *e, int efd)
         CHECK(e->kv.n_free == e->kv.n_total, "blocks held after stop");
 }
 
+/* The engine keeps at most two rounds' events that the I/O thread has not taken: left
+ * alone for 300 ms (hundreds of the tiny model's steps), a stream has a few events waiting,
+ * not hundreds, and goes on to its reference text once they are taken. */
+static void test_runahead(Engine *e, int efd)
+{
+        _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
+        SchedLimits lim = {.max_seqs = 4, .step_tokens = 64, .max_queued = 4};
+        static Output want;
+        static SchedEvent evs[64];
+        DsError err = {};
+
+        reference(e, prompts[0], 200, NULL, &want);
+        memset(&sink, 0, sizeof(sink));
+        CHECK(engine_loop_start(e, &lim, efd, &l, &err) == 0, "%s", err.msg);
+        SchedRequest *req = make_request(e, 0, 1, prompts[0], 200, NULL);
+        req->userdata = (void *) (uintptr_t) 1000;
+        CHECK(engine_loop_submit(l, &req, &err) == 0, "%s", err.msg);
+        usleep(300000);
+        size_t n = engine_loop_take_events(l, evs, ELEMENTSOF(evs));
+        CHECK(n >= 1 && n <= 4, "%zu events waited for the I/O thread", n);
+        for (size_t i = 0; i < n; i++)
+                sink_event(&sink, &evs[i]);
+        drain_until(l, efd, 1);
+        check_same(&sink.out[0], &want, "the held-back stream");
+}
+
 int main(void)
 {
         _cleanup_(engine_freep) Engine *e = NULL;
@@ -203,5 +230,6 @@ int main(void)
         test_limits(e, efd);
         test_threaded(e, efd);
         test_stop_cancels(e, efd);
+        test_runahead(e, efd);
         return 0;
 }
