@@ -4,7 +4,8 @@
  *     client's one request past the first steps;
  *   - cancel and cancel_client: cancelled FINALs, every KV block back in the pool;
  *   - pause and resume: a paused client's sequence does not advance while others do;
- *   - logprobs: the sampled token's logprob and the top alternatives, sorted. */
+ *   - logprobs: the sampled token's logprob and the top alternatives, sorted;
+ *   - cancel and pause while a chained step is in flight. */
 #include <math.h>
 
 #include "sched_test.h"
@@ -203,6 +204,49 @@ static void test_logprobs(Engine *e)
         check_same(&sink.out[0], &want, "request with logprobs");
 }
 
+/* With steps chained (sched_set_chaining), a cancel and a pause land while a step is in
+ * flight: the cancelled request gets nothing after its FINAL, the paused one at most the
+ * token already in flight, the others their reference text, and every block comes back. */
+static void test_chained_controls(Engine *e)
+{
+        _cleanup_(sched_freep) Sched *s = new_sched(e, 4, 64);
+        static const char *const text[] = {"Once upon a time", "The quick brown fox", "A lazy dog"};
+        static Output want[3];
+        SchedStats st;
+
+        sched_set_chaining(s, true);
+        for (uint64_t id = 0; id < 3; id++) {
+                reference(e, text[id], 60, NULL, &want[id]);
+                CHECK(want[id].tokens > 20, "reference %llu has only %u tokens",
+                        (unsigned long long) id, want[id].tokens);
+                CHECK(sched_add(s, make_request(e, id, (uint32_t) id + 1, text[id], 60, NULL)) == 0,
+                        "add");
+        }
+        for (int i = 0; i < 6; i++)
+                step(s);
+        sched_stats(s, &st);
+        CHECK(st.chained_steps > 0, "no step was chained");
+
+        sched_cancel(s, 0);
+        CHECK(sink.out[0].final && sink.out[0].finish == FINISH_CANCELLED,
+                "request 0 not cancelled");
+        CHECK(sched_pause_client(s, 2) == 0, "pause");
+        step(s);
+        uint32_t a = sink.out[1].tokens;
+        for (int i = 0; i < 4; i++)
+                step(s);
+        CHECK(sink.out[1].tokens == a, "paused request advanced from %u to %u tokens", a,
+                sink.out[1].tokens);
+        sched_resume_client(s, 2);
+        while (!sched_idle(s))
+                step(s);
+        check_same(&sink.out[1], &want[1], "paused and resumed request, chained");
+        check_same(&sink.out[2], &want[2], "the request beside it, chained");
+        sched_stats(s, &st);
+        CHECK(st.kv_blocks_free == st.kv_blocks_total, "%u of %u blocks free", st.kv_blocks_free,
+                st.kv_blocks_total);
+}
+
 int main(void)
 {
         _cleanup_(engine_freep) Engine *e = NULL;
@@ -213,6 +257,7 @@ int main(void)
         test_cancel(e);
         test_pause(e);
         test_logprobs(e);
+        test_chained_controls(e);
         CHECK(e->kv.n_free == e->kv.n_total, "blocks leaked");
         return 0;
 }
