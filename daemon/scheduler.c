@@ -998,11 +998,10 @@ static bool sched_chain(Sched *s, const Flight *cur, Flight *next)
         for (uint32_t i = 0; i < n; i++) {
                 Seq *q = next->batch[i];
                 uint32_t pos = q->n_computed + cur->bk[q->fly_i].n_tokens;
-                q->chunk = 0;
-                uint32_t saved = q->n_computed;
-                q->n_computed = pos + 1; /* seq_grow covers n_computed + chunk */
+                /* the blocks for cur's positions and the chained one */
+                q->chunk = pos + 1 - q->n_computed;
                 seq_grow(s, q);
-                q->n_computed = saved;
+                q->chunk = 0;
                 next->bk[i] = (BkSeq){
                         .n_tokens = 1,
                         .pos = pos,

@@ -2243,7 +2243,8 @@ static int step_check(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *e
         return 0;
 }
 
-/* A step run to its end, of sequences with their tokens. */
+/* A step run to its end, of sequences with their tokens that step_check passed (chained
+ * ones resolved to the ids their predecessor sampled). */
 static int step_sync(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *ret_ids,
         DsError *err)
 {
@@ -2251,12 +2252,8 @@ static int step_sync(Backend *b, const BkSeq *seqs, uint32_t n_seqs, int32_t *re
 
         if (n_seqs > 0 && !ret_ids)
                 return ds_error(err, -EINVAL, "cuda backend: no result array");
-        for (uint32_t i = 0; i < n_seqs; i++) {
-                r = seq_check(b, &seqs[i], i, err);
-                if (r < 0)
-                        return r;
+        for (uint32_t i = 0; i < n_seqs; i++)
                 ret_ids[i] = -1;
-        }
         if (graph_step(b, seqs, n_seqs))
                 return run_graph(b, seqs, n_seqs, ret_ids, err);
 
