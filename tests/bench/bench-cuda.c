@@ -38,11 +38,12 @@
 #define BT     16
 #define CTX    512
 #define DECODE 32
-#define WARMUP 3 /* decode steps at least before the measured ones */
-#define WARMUP_S                                                                                   \
-        0.1       /* and seconds: after the prefill phase the clocks take tens of ms to            \
-                   * settle (PERF.md, thirteenth session) */
-#define PRIVATE 8 /* blocks of decoded positions per sequence */
+/* Decode steps, and seconds, at least before the measured ones: after the prefill phase
+ * steps run up to 13% slower for tens of ms, for a reason not known (PERF.md, thirteenth
+ * session). */
+#define WARMUP   3
+#define WARMUP_S 0.1
+#define PRIVATE  8 /* blocks of decoded positions per sequence */
 
 /* Sequence s's sampling in decode steps (see DSD_BENCH_SAMPLING). */
 static BkSampling decode_sampling(uint32_t s)
