@@ -1262,7 +1262,7 @@ static bool sms_to_spare(const Backend *b, uint32_t att_grid, bool own, uint32_t
 
 /* Grouped-query attention (Llama, Qwen2) of the rows from b->xn into b->att. */
 static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
-        uint32_t att_grid, bool att_own)
+        uint32_t att_grid, bool att_own, bool att_small)
 {
         const BkConfig *c = &b->cfg;
         uint32_t hd = c->head_dim;
@@ -1282,7 +1282,8 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 bool two = c->n_heads / c->n_kv_heads >= 2 &&
                            sms_to_spare(b, att_grid, att_own, c->n_kv_heads);
                 uint32_t split = two ? 2 : 1;
-                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, split, b->block_tokens,
+                cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, att_small, split,
+                        b->block_tokens,
                         c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
                 cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
         }
@@ -1505,8 +1506,10 @@ static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows)
 
 /* Runs rows rows described by the metadata on the device through the model, leaving the
  * logits of the n_out rows of meta.out_row in b->logits and their sampled ids in b->ids_d.
- * att_grid: blocks along attention items; att_own: one an item (else they loop). */
-static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid, bool att_own)
+ * att_grid: blocks along attention items; att_own: one an item (else they loop); att_small:
+ * a step of at most ATT_SMALL_STEP sequences (their items are short, att_chunk). */
+static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid, bool att_own,
+        bool att_small)
 {
         const BkConfig *c = &b->cfg;
         uint32_t H = c->hidden;
@@ -1531,7 +1534,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 if (b->mla)
                         attention_mla(b, L, l, rows, att_grid, att_own);
                 else
-                        attention_gqa(b, L, l, rows, att_grid, att_own);
+                        attention_gqa(b, L, l, rows, att_grid, att_own, att_small);
 
                 /* output projection and residual, ffn rmsnorm */
                 s = linear(b, &L->o, b->att, rows, b->part);
@@ -1865,7 +1868,7 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
                 r = sample_upload(b, p, seqs, p->rows, err);
         if (r < 0)
                 return r;
-        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true);
+        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true, p->n_seqs <= ATT_SMALL_STEP);
         CU_TRY(cudaGetLastError(), "kernel launch");
         r = blas_check(b, err);
         if (r < 0)
@@ -1998,7 +2001,8 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                  * (att_chunk), so one block per item there: an item is a chain of
                  * dependent loads, and a block looping over items waits on each in turn. */
                 bool small = bucket <= ATT_SMALL_STEP;
-                forward(b, bucket, bucket, small ? bucket * 64u : (uint32_t) b->n_sm * 2, small);
+                forward(b, bucket, bucket, small ? bucket * 64u : (uint32_t) b->n_sm * 2, small,
+                        small);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 cudaError_t e = cudaSuccess;

@@ -917,6 +917,159 @@ __global__ void __launch_bounds__(ATT_THREADS) k_attention(const float *q, const
         }
 }
 
+/* Decode attention of small steps (at most ATT_SMALL_STEP sequences, whose decode rows are
+ * cut into short items): one block per (item, KV head), one warp per query head of the
+ * group. The block copies the item's keys and values into shared memory a round of P
+ * positions at a time, the next round while the warps use the current one (the first
+ * round's positions of earlier steps before the wait); each warp then scores its head,
+ * keeps its running maximum and sum, and adds the round's values, with shuffles and no
+ * barrier of its own. In k_attention every warp takes each of the block's heads in turn,
+ * with barriers between the phases: at the 7B shape, batch 1, about 2100 dependent
+ * instructions a warp (docs/PERF.md, fifth session); here a warp has one head. A row's
+ * partition into items is k_attention's, and a head's result depends only on its own
+ * positions, so graph and eager steps give the same bits. */
+#define ATT_HEADS_WARPS 8
+
+template <uint32_t HD> struct AttHeads {
+        static constexpr uint32_t DL = HD < 64 ? HD : 64; /* q and K dimensions a scoring lane takes */
+        static constexpr uint32_t L = HD / DL;            /* scoring lanes a position */
+        static constexpr uint32_t P = 32 / L;             /* positions a round */
+        static constexpr uint32_t VD = HD / 32;           /* value dimensions a lane sums */
+        static constexpr uint32_t ROW = HD + 8; /* halves a cached row: 16 bytes of padding keep
+                                                 * the scoring lanes' rows in distinct banks */
+};
+
+template <uint32_t HD>
+__global__ void __launch_bounds__(ATT_HEADS_WARPS * 32) k_attention_heads(const float *q,
+        const __half *k_cache, const __half *v_cache, const uint32_t *meta,
+        const uint32_t *row_bt, uint32_t bt_tokens, uint32_t n_heads, uint32_t n_kv_heads,
+        float scale, float *acc_out, float2 *ml_out)
+{
+        using A = AttHeads<HD>;
+        constexpr uint32_t PIECES = HD / 8; /* 16-byte pieces a cached row */
+        __shared__ __align__(16) __half kv_s[2][2][A::P * A::ROW]; /* round parity, K | V */
+        __shared__ uint32_t slot_s[ATT_CHUNK];
+        uint32_t g = n_heads / n_kv_heads, kvh = blockIdx.y, kv_dim = n_kv_heads * HD;
+        uint32_t t = threadIdx.x, nt = blockDim.x, lane = t % 32, head = kvh * g + t / 32;
+        /* scoring: lane takes position p of a round, dimensions ph * DL .. */
+        uint32_t p = lane % A::P, ph = lane / A::P;
+        uint32_t n_items = meta[0];
+        const int4 *items = (const int4 *) (meta + meta[1]);
+
+        for (uint32_t it = blockIdx.x; it < n_items; it += gridDim.x) {
+                /* row, first position, end position, first position the step writes */
+                int4 item = items[it];
+                uint32_t row = (uint32_t) item.x, t0 = (uint32_t) item.y;
+                uint32_t n = (uint32_t) (item.z - item.y);
+                uint32_t fresh = (uint32_t) max(item.w - item.y, 0);
+                uint32_t rounds = (n + A::P - 1) / A::P;
+
+                __syncthreads(); /* the previous item's readers are done with shared memory */
+                for (uint32_t i = t; i < n; i += nt) {
+                        uint32_t pos = t0 + i;
+                        slot_s[i] = meta[row_bt[row] + pos / bt_tokens] * bt_tokens +
+                                    pos % bt_tokens;
+                }
+                __syncthreads();
+                /* round r's positions in [lo, hi) into its buffer */
+                auto copy = [&](uint32_t r, uint32_t lo, uint32_t hi) {
+                        for (uint32_t i = t; i < 2 * A::P * PIECES; i += nt) {
+                                uint32_t v = i / (A::P * PIECES), j = i % (A::P * PIECES);
+                                uint32_t pr = j / PIECES, pc = j % PIECES, at = r * A::P + pr;
+                                if (at < lo || at >= hi)
+                                        continue;
+                                const __half *src = (v ? v_cache : k_cache) +
+                                                    (size_t) slot_s[at] * kv_dim + kvh * HD + 8 * pc;
+                                cp_async16(&kv_s[r % 2][v][pr * A::ROW + 8 * pc], src, true);
+                        }
+                        cp_async_commit();
+                };
+                copy(0, 0, min(fresh, n));
+                pdl_wait();
+                if (it == blockIdx.x)
+                        pdl_trigger();
+                copy(0, fresh, n);
+
+                float qr[A::DL];
+                const float4 *q4 = (const float4 *) (q + ((size_t) row * n_heads + head) * HD +
+                                                     ph * A::DL);
+#pragma unroll
+                for (uint32_t j = 0; j < A::DL / 4; j++) {
+                        float4 v = q4[j];
+                        qr[4 * j] = v.x;
+                        qr[4 * j + 1] = v.y;
+                        qr[4 * j + 2] = v.z;
+                        qr[4 * j + 3] = v.w;
+                }
+
+                float m = -INFINITY, l = 0.0f, acc[A::VD];
+#pragma unroll
+                for (uint32_t d = 0; d < A::VD; d++)
+                        acc[d] = 0.0f;
+                for (uint32_t r = 0; r < rounds; r++) {
+                        if (r + 1 < rounds) {
+                                copy(r + 1, 0, n);
+                                cp_async_wait<1>();
+                        } else {
+                                cp_async_wait<0>();
+                        }
+                        __syncthreads();
+                        const __half *ks = &kv_s[r % 2][0][p * A::ROW + ph * A::DL];
+                        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                        for (uint32_t j = 0; j < A::DL / 8; j++) {
+                                float kf[8];
+                                h8_to_f(*(const uint4 *) (ks + 8 * j), kf);
+                                part[j % 4] += dot8(qr + 8 * j, kf);
+                        }
+                        float s = (part[0] + part[1]) + (part[2] + part[3]);
+                        if (A::L == 2)
+                                s += __shfl_xor_sync(0xffffffffu, s, 16);
+                        uint32_t at = r * A::P + p;
+                        s = at < n ? s * scale : -INFINITY;
+                        float mn = fmaxf(m, warp_max(s));
+                        float corr = expf(m - mn);
+                        float e = at < n ? expf(s - mn) : 0.0f;
+                        l = l * corr + warp_sum(ph == 0 ? e : 0.0f);
+                        m = mn;
+#pragma unroll
+                        for (uint32_t d = 0; d < A::VD; d++)
+                                acc[d] *= corr;
+                        const __half *vs = &kv_s[r % 2][1][lane * A::VD];
+#pragma unroll 4
+                        for (uint32_t j = 0; j < A::P; j++) {
+                                if (r * A::P + j >= n)
+                                        break;
+                                float w = __shfl_sync(0xffffffffu, e, j);
+                                const __half *vj = vs + j * A::ROW;
+                                if constexpr (A::VD == 4) {
+                                        uint2 u = *(const uint2 *) vj;
+                                        float2 v01 = __half22float2(u32_as_h2(u.x));
+                                        float2 v23 = __half22float2(u32_as_h2(u.y));
+                                        acc[0] += w * v01.x;
+                                        acc[1] += w * v01.y;
+                                        acc[2] += w * v23.x;
+                                        acc[3] += w * v23.y;
+                                } else if constexpr (A::VD == 2) {
+                                        float2 v01 = __half22float2(*(const __half2 *) vj);
+                                        acc[0] += w * v01.x;
+                                        acc[1] += w * v01.y;
+                                } else {
+                                        acc[0] += w * __half2float(*vj);
+                                }
+                        }
+                        if (r + 2 < rounds)
+                                __syncthreads(); /* round r + 2 refills this buffer */
+                }
+                float *o = acc_out + ((size_t) it * n_heads + head) * HD + lane * A::VD;
+#pragma unroll
+                for (uint32_t d = 0; d < A::VD; d++)
+                        o[d] = acc[d];
+                if (lane == 0)
+                        ml_out[(size_t) it * n_heads + head] = make_float2(m, l);
+        }
+}
+
 static uint32_t pow2_at_least(uint32_t v)
 {
         uint32_t p = 1;
@@ -926,7 +1079,7 @@ static uint32_t pow2_at_least(uint32_t v)
 }
 
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
+        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
         uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml)
 {
         uint32_t g = n_heads / n_kv_heads;
@@ -935,6 +1088,15 @@ void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const 
         size_t smem = ((size_t) shares * g * head_dim + (size_t) g * ATT_CHUNK + ATT_CHUNK + 2 * g) *
                       sizeof(float);
         float scale = (float) (1.0 / sqrt((double) head_dim));
+        auto kh = head_dim == 128 ? k_attention_heads<128>
+                  : head_dim == 64 ? k_attention_heads<64>
+                  : head_dim == 32 ? k_attention_heads<32>
+                                   : NULL;
+        if (small && kh && g <= ATT_HEADS_WARPS) {
+                kh<<<dim3(grid, n_kv_heads), g * 32, 0, st>>>(q, k_cache, v_cache, meta.base,
+                        meta.row_bt, block_tokens, n_heads, n_kv_heads, scale, acc, ml);
+                return;
+        }
         /* the common group sizes compiled for: at the 7B shape (7) batch 64 ran 7% faster;
          * their heads split in two where asked (the generic kernel is never split) */
         bool two = head_split == 2;

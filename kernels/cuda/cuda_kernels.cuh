@@ -109,9 +109,11 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
 /* Attention partials: one block per (work item, KV head), or per (work item, half of a KV
  * head's query heads) with head_split 2 where the group size is compiled for (2, 4..8);
  * items are read from meta. grid is the number of blocks along items (they loop),
- * fixed for a graph. */
+ * fixed for a graph. small: a step of at most ATT_SMALL_STEP sequences, whose items are
+ * short; there a warp takes each query head where head_dim is 32, 64 or 128 and a group
+ * has at most 8 heads (head_split does not apply). */
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
+        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
         uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml);
 
 /* Prefill attention on tensor cores (cuda_flash.cu), for head_dim 64 or 128 and fewer

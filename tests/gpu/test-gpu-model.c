@@ -3,7 +3,8 @@
  * kernel of a step (embedding, RMSNorm + residual, RoPE of each type + KV append, paged
  * attention over several items, SwiGLU, the GEMV and cuBLAS linears, argmax):
  *  - a chunked prefill of 300 tokens, a 3-sequence decode, then steps of 2 and of 1
- *    sequence, logits within 1e-2 relative error of the CPU's for every position;
+ *    sequence, and one sequence prefilled to 1100 positions and decoded there, logits
+ *    within 1e-2 relative error of the CPU's for every position;
  *  - 24 greedy decode steps of 2, of 5 (a padded graph bucket) and of 20 sequences (the
  *    cuBLAS path): graph replays give the same ids as eager steps, and so do chained steps
  *    (submit, collect) on either. */
@@ -96,12 +97,48 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
         return worst;
 }
 
+/* One sequence to a long context: decode rows of items of 32 positions (att_chunk), more
+ * than one round of the small steps' attention kernel at head_dim 128. */
+static double compare_long(const BkModel *m, Backend *cpu, Backend *gpu)
+{
+        uint32_t V = m->cfg.vocab_size, n = 1100;
+        static uint32_t blocks[72];
+        int32_t *tokens = (int32_t *) rnd_alloc((n + 2) * 4);
+        float *a = (float *) rnd_alloc((size_t) 600 * V * 4),
+              *b = (float *) rnd_alloc((size_t) 600 * V * 4);
+        double worst = 0;
+
+        for (uint32_t i = 0; i < 72; i++)
+                blocks[i] = (i * 37) % 72 + 100; /* scattered over blocks earlier tests used */
+        for (uint32_t i = 0; i < n + 2; i++)
+                tokens[i] = (int32_t) (rnd_u32() % V);
+        for (uint32_t step = 0; step < 4; step++) {
+                uint32_t pos = step < 2 ? step * 550 : n + step - 2;
+                BkSeq s = {.tokens = tokens + pos,
+                        .n_tokens = step < 2 ? 550 : 1,
+                        .pos = pos,
+                        .blocks = blocks,
+                        .n_blocks = 72,
+                        .sample = true,
+                        .sampling = {.repetition_penalty = 1}};
+                gpu_step_both(cpu, gpu, &s, 1, V, a, b);
+                double e = rel_err(b, a, (size_t) s.n_tokens * V);
+                CHECK(e < TOL, "long context, position %u: relative error %.3g", pos, e);
+                worst = fmax(worst, e);
+        }
+        free(tokens);
+        free(a);
+        free(b);
+        return worst;
+}
+
 int main(void)
 {
         static const RndShape shapes[] = {
                 {256, 352, 2, 8, 2, 32, 300, 32, true, BK_ROPE_DEFAULT},
                 {192, 320, 2, 7, 1, 64, 517, 64, false, BK_ROPE_LLAMA3},
                 {256, 256, 1, 4, 4, 64, 260, 128, true, BK_ROPE_YARN},
+                {256, 384, 2, 8, 2, 128, 300, 128, false, BK_ROPE_DEFAULT},
         };
         double worst = 0;
 
@@ -119,7 +156,7 @@ int main(void)
                 BkModel m = rnd_model(&shapes[i]);
                 Backend *cpu = backend_open(&backend_cpu_ops, &m, NULL, BLOCKS);
                 Backend *gpu = backend_open(&backend_cuda_ops, &m, "0", BLOCKS);
-                double e = compare_prefill(&m, cpu, gpu);
+                double e = fmax(compare_prefill(&m, cpu, gpu), compare_long(&m, cpu, gpu));
                 printf("model %zu: logits relative error %.3g (tolerance %g)\n", i, e, TOL);
                 worst = fmax(worst, e);
                 backend_cpu_ops.free(cpu);
