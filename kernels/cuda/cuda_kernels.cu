@@ -544,13 +544,22 @@ __global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_strid
         const float *inv_freq, float af, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd,
         float *q_out, __half *k_cache, __half *v_cache)
 {
-        pdl_wait();
-        pdl_trigger();
         uint32_t r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
         uint32_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, n = q_dim + 2 * kv_dim;
         uint32_t col = h * hd + i;
         size_t row = (size_t) r * n;
         size_t kv_at = (size_t) slot[r] * kv_dim;
+        /* the angle comes from the step's constants: computed before the wait (the empty
+         * asm keeps the compiler from moving it after), it is off the path */
+        float c = 1.0f, sn = 0.0f;
+        if (h < n_heads + n_kv_heads) {
+                sincosf((float) pos[r] * inv_freq[i], &sn, &c);
+                c *= af;
+                sn *= af;
+        }
+        asm volatile("" : "+f"(c), "+f"(sn));
+        pdl_wait();
+        pdl_trigger();
         float a = sum_part(part, splits, slice_stride, row + col, bias, col);
         float b = sum_part(part, splits, slice_stride, row + col + half, bias, col + half);
 
@@ -559,10 +568,6 @@ __global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_strid
                 v_cache[kv_at + col + half - q_dim - kv_dim] = __float2half(b);
                 return;
         }
-        float c, sn;
-        sincosf((float) pos[r] * inv_freq[i], &sn, &c);
-        c *= af;
-        sn *= af;
         float ra = a * c - b * sn, rb = b * c + a * sn;
         if (h < n_heads) {
                 q_out[(size_t) r * q_dim + col] = ra;
@@ -1147,8 +1152,6 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
         const float *acc, const float2 *ml, const uint2 *row_items,
         uint32_t n_heads, uint32_t hd, __half *out)
 {
-        pdl_wait();
-        pdl_trigger();
         __shared__ float w_s[COMBINE_THREADS], l_s[COMBINE_THREADS];
         __shared__ float red[32];
         __shared__ float4 v4_s[V == 4 ? COMBINE_LOADS : 1][COMBINE_THREADS];
@@ -1159,6 +1162,10 @@ __global__ void __launch_bounds__(COMBINE_THREADS) k_attention_combine(
 
         if (ri.y == 0)
                 return; /* a prefill row: the flash kernel writes it */
+        /* the row's items are the step's constants, read before the wait: the partials'
+         * addresses then need no memory round trip after it */
+        pdl_wait();
+        pdl_trigger();
 
         size_t stride = (size_t) n_heads * hd;
         const float *ap0 = acc + ((size_t) ri.x * n_heads + h) * hd + d;
