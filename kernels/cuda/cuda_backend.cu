@@ -1283,8 +1283,7 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                            sms_to_spare(b, att_grid, att_own, c->n_kv_heads);
                 uint32_t split = two ? 2 : 1;
                 cu_attention(b->st, b->q, kc, vc, b->meta, att_grid, att_small, split,
-                        b->block_tokens,
-                        c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
+                        b->block_tokens, c->n_heads, c->n_kv_heads, hd, b->acc, b->ml);
                 cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, c->n_heads, hd, b->att);
         }
         cu_flash_attention(b->st, b->q, kc, vc, b->meta, b->flash_tasks, b->n_flash,

@@ -1028,7 +1028,7 @@ __global__ void __launch_bounds__(ATT_HEADS_WARPS * 32) k_attention_heads(const 
                                 part[j % 4] += dot8(qr + 8 * j, kf);
                         }
                         float s = (part[0] + part[1]) + (part[2] + part[3]);
-                        if (A::L == 2)
+                        if constexpr (A::L == 2)
                                 s += __shfl_xor_sync(0xffffffffu, s, 16);
                         uint32_t at = r * A::P + p;
                         s = at < n ? s * scale : -INFINITY;
@@ -1084,8 +1084,8 @@ static uint32_t pow2_at_least(uint32_t v)
 }
 
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
-        uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml)
+        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens,
+        uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml)
 {
         uint32_t g = n_heads / n_kv_heads;
         uint32_t kl = pow2_at_least(head_dim / 8), vl = pow2_at_least(head_dim / 4);

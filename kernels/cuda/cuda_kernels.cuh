@@ -113,8 +113,8 @@ void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slic
  * short; there a warp takes each query head where head_dim is 32, 64 or 128 and a group
  * has at most 8 heads (head_split does not apply). */
 void cu_attention(cudaStream_t st, const float *q, const __half *k_cache, const __half *v_cache,
-        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens, uint32_t n_heads,
-        uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml);
+        CuMeta meta, uint32_t grid, bool small, uint32_t head_split, uint32_t block_tokens,
+        uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float *acc, float2 *ml);
 
 /* Prefill attention on tensor cores (cuda_flash.cu), for head_dim 64 or 128 and fewer
  * than 2^23 positions (cu_flash_takes): out rows = causal softmax(q·K^T / sqrt(head_dim))·V of n_tasks tasks,
