@@ -13,6 +13,21 @@
 #define TOL    1e-2
 #define BLOCKS 256
 
+/* One step of seqs on both backends (gpu_step_both); every row's logits within TOL of the
+ * CPU's. Returns the relative error; what and at name the step in the failure. */
+static double step_within(Backend *cpu, Backend *gpu, BkSeq *seqs, uint32_t n, uint32_t V, float *a,
+        float *b, const char *what, uint32_t at)
+{
+        size_t rows = 0;
+
+        for (uint32_t i = 0; i < n; i++)
+                rows += seqs[i].n_tokens;
+        gpu_step_both(cpu, gpu, seqs, n, V, a, b);
+        double e = rel_err(b, a, rows * V);
+        CHECK(e < TOL, "%s %u: relative error %.3g", what, at, e);
+        return e;
+}
+
 static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
 {
         DsError err = {0};
@@ -39,10 +54,7 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                         .n_blocks = 64,
                         .sample = true,
                         .sampling = {.repetition_penalty = 1}};
-                gpu_step_both(cpu, gpu, &s, 1, V, a, b);
-                double e = rel_err(b, a, (size_t) s.n_tokens * V);
-                CHECK(e < TOL, "prefill chunk %u: relative error %.3g", c, e);
-                worst = fmax(worst, e);
+                worst = fmax(worst, step_within(cpu, gpu, &s, 1, V, a, b, "prefill chunk", c));
         }
 
         /* three sequences: two short prompts, then decodes of all three together */
@@ -67,10 +79,7 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                                 .n_blocks = 64,
                                 .sample = true,
                                 .sampling = {.repetition_penalty = 1}};
-                gpu_step_both(cpu, gpu, q, 3, V, a, b);
-                double e = rel_err(b, a, (size_t) 3 * V);
-                CHECK(e < TOL, "decode step %u: relative error %.3g", step, e);
-                worst = fmax(worst, e);
+                worst = fmax(worst, step_within(cpu, gpu, q, 3, V, a, b, "decode step", step));
         }
         /* steps of two rows, then of one: the GEMVs' passes of 1-2 rows, the attention's
          * items of batch 1 */
@@ -86,10 +95,7 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
                                 .n_blocks = 64,
                                 .sample = true,
                                 .sampling = {.repetition_penalty = 1}};
-                gpu_step_both(cpu, gpu, q, ns, V, a, b);
-                double e = rel_err(b, a, (size_t) ns * V);
-                CHECK(e < TOL, "decode step of %u rows: relative error %.3g", ns, e);
-                worst = fmax(worst, e);
+                worst = fmax(worst, step_within(cpu, gpu, q, ns, V, a, b, "decode step, rows", ns));
         }
         free(tokens);
         free(a);
@@ -121,10 +127,8 @@ static double compare_long(const BkModel *m, Backend *cpu, Backend *gpu)
                         .n_blocks = 72,
                         .sample = true,
                         .sampling = {.repetition_penalty = 1}};
-                gpu_step_both(cpu, gpu, &s, 1, V, a, b);
-                double e = rel_err(b, a, (size_t) s.n_tokens * V);
-                CHECK(e < TOL, "long context, position %u: relative error %.3g", pos, e);
-                worst = fmax(worst, e);
+                worst = fmax(worst,
+                        step_within(cpu, gpu, &s, 1, V, a, b, "long context, position", pos));
         }
         free(tokens);
         free(a);
