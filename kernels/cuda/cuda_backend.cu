@@ -137,6 +137,10 @@ struct Backend {
         /* scratch, for TILE_ROWS rows */
         float *x, *q, *part, *acc, *logits;
         __half *xn, *att, *hb; /* linear inputs */
+        /* xn quantized, up to QX_ROWS rows (NULL items: the hidden size does not allow it),
+         * and whether the add_norms of the step being recorded make it */
+        CuQx qx;
+        bool qx_live;
         float2 *ml;
         __half *w16;
         int32_t *ids_d;
@@ -323,9 +327,10 @@ static void weights_free(Backend *b)
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
-                b->spart, b->rlog};
+                b->spart, b->rlog, b->qx.items, b->qx.recs};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
+        b->qx = CuQx{};
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
                 cudaFreeHost(b->samp_hb[i]);
@@ -778,6 +783,12 @@ static int scratch_alloc(Backend *b, DsError *err)
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
         DALLOC(b->xn, R * k_max * 2, "normed rows");
+        if (!b->mla && cu_add_norm_quantizes(1, c->hidden)) {
+                b->qx.chunks = c->hidden / 64;
+                DALLOC(b->qx.items, (size_t) QX_ROWS * b->qx.chunks * 128, "quantized rows");
+                DALLOC(b->qx.recs, (size_t) QX_ROWS * b->qx.chunks * sizeof(float2),
+                        "quantized rows' scales");
+        }
         DALLOC(b->q, R * q_width(c) * 4, "queries");
         DALLOC(b->att, R * att * 2, "attention output");
         DALLOC(b->hb, R * inter * 2, "mlp activations");
@@ -1210,19 +1221,25 @@ static void note_library_nodes(Backend *b, const cudaGraphNode_t *before, size_t
         }
 }
 
+/* The quantized rows of x, where x is b->xn as the step's add_norms quantize it. */
+static const CuQx *xn_quantized(const Backend *b, const __half *x)
+{
+        return x == b->xn && b->qx_live ? &b->qx : NULL;
+}
+
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
 static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t rows, float *y)
 {
         if (rows <= GEMV_MAX_ROWS) {
                 size_t slice = (size_t) rows * l->out;
                 if (l->awq) {
-                        cu_gemv(b->st, l, x, l->in, rows, y, slice);
+                        cu_gemv(b->st, l, x, l->in, rows, y, slice, xn_quantized(b, x));
                         return l->splits;
                 }
                 for (uint32_t r0 = 0; r0 < rows; r0 += GEMV_ROWS)
                         cu_gemv(b->st, l, x + (size_t) r0 * l->in, l->in,
                                 MIN((uint32_t) GEMV_ROWS, rows - r0), y + (size_t) r0 * l->out,
-                                slice);
+                                slice, NULL);
                 return l->splits;
         }
         const float one = 1.0f, zero = 0.0f;
@@ -1494,7 +1511,7 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
 static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows)
 {
         if (gu->pairs && rows <= GEMV_MAX_ROWS && gu->splits == 1) {
-                cu_gemv_gate_up(b->st, gu, b->xn, gu->in, rows, b->hb);
+                cu_gemv_gate_up(b->st, gu, b->xn, gu->in, rows, b->hb, xn_quantized(b, b->xn));
                 return true;
         }
         uint32_t s = linear(b, gu, b->xn, rows, b->part);
@@ -1521,13 +1538,17 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
         /* token embedding */
         cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
+        /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
+        /* not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
+         * add_norms left out (docs/PERF.md, fifteenth session) */
+        const CuQx *qx = !b->mla && b->qx.items ? &b->qx : NULL;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm */
-                cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe,
-                        L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true, NULL);
+                b->qx_live = cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias,
+                        prev_moe, L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true, NULL, qx);
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
@@ -1544,9 +1565,9 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         mp = moe_plan(b, rows);
                         routed = norm_router(b, L, rows, &mp, &rr);
                 }
-                cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias, NULL,
-                        L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true,
-                        routed ? &rr : NULL);
+                b->qx_live = cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias,
+                        NULL, L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true,
+                        routed ? &rr : NULL, qx);
 
                 /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
                  * add opens the next layer */
@@ -1566,8 +1587,9 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         }
 
         /* last residual add and final rmsnorm of the rows whose logits are wanted */
+        b->qx_live = false;
         cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias, prev_moe, b->final_norm,
-                b->xn, n_out, H, c->rms_eps, b->meta.out_row, false, NULL);
+                b->xn, n_out, H, c->rms_eps, b->meta.out_row, false, NULL, NULL);
 
         /* lm_head (one slice: it is wide enough) and sampling */
         linear(b, &b->lm_head, b->xn, n_out, b->logits);
@@ -2499,6 +2521,24 @@ extern "C" bool cuda_device_present(void)
         return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
+/* Tests: b->xn's rows quantized into b->qx as a step's add_norm would (and the linears
+ * then take them), where the integer GEMV applies. */
+static int test_quantize(Backend *b, uint32_t rows, uint32_t K, DsError *err)
+{
+        if (rows > QX_ROWS || K % 64 != 0)
+                return 0;
+        b->qx.chunks = K / 64;
+        int r = dalloc((void **) &b->qx.items, (size_t) rows * K * 2, "quantized x", err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx.recs, (size_t) rows * b->qx.chunks * sizeof(float2),
+                        "quantized x's scales", err);
+        if (r == 0) {
+                cu_quantize_x(b->st, b->xn, K, rows, K, &b->qx);
+                b->qx_live = true;
+        }
+        return r;
+}
+
 extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x,
         uint32_t rows, float *h, bool *paired, bool *fused, DsError *err)
 {
@@ -2534,7 +2574,9 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
                         b->st);
                 if (e == cudaSuccess) {
                         cu_to_half(b->st, xd, b->xn, rows * K);
-                        *fused = mlp_gate_up(b, &gu, rows);
+                        r = test_quantize(b, rows, K, err);
+                        if (r == 0)
+                                *fused = mlp_gate_up(b, &gu, rows);
                         e = cudaGetLastError();
                 }
                 if (e == cudaSuccess)
@@ -2544,7 +2586,7 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
                 if (e == cudaSuccess)
                         for (size_t i = 0; i < rows * I; i++)
                                 h[i] = f16_to_f32(hh[i]);
-                if (e != cudaSuccess)
+                if (e != cudaSuccess && r == 0)
                         r = cuda_fail(err, e, "test gate_up");
         }
         free(hh);
@@ -2560,7 +2602,6 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         Backend *b = NULL;
         CuLinear d = {};
         float *xd = NULL, *yd = NULL;
-        __half *xh = NULL;
         int r = cuda_create(NULL, &b, err);
         if (r < 0)
                 return r;
@@ -2573,7 +2614,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         if (r == 0)
                 r = dalloc((void **) &yd, slices * rows * N * 4, "y", err);
         if (r == 0)
-                r = dalloc((void **) &xh, rows * K * 2, "x16", err);
+                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
         if (r == 0 && d.awq)
                 r = dalloc((void **) &b->w16, N * K * 2, "w16", err);
         float *yh = (float *) calloc(slices * rows * N, sizeof(float));
@@ -2584,8 +2625,9 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
                 cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
                         b->st);
                 if (e == cudaSuccess) {
-                        cu_to_half(b->st, xd, xh, rows * K);
-                        uint32_t s = linear(b, &d, xh, rows, yd);
+                        cu_to_half(b->st, xd, b->xn, rows * K);
+                        r = test_quantize(b, rows, K, err);
+                        uint32_t s = r == 0 ? linear(b, &d, b->xn, rows, yd) : 0;
                         e = cudaGetLastError();
                         if (e == cudaSuccess)
                                 e = cudaStreamSynchronize(b->st);
@@ -2601,12 +2643,11 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
                                                                  : 0.0f);
                                 }
                 }
-                if (e != cudaSuccess)
+                if (e != cudaSuccess && r == 0)
                         r = cuda_fail(err, e, "test linear");
         }
         free(yh);
         dfree(xd);
-        dfree(xh);
         dfree(yd);
         linear_free(&d);
         cuda_free(b);

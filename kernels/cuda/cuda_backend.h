@@ -65,13 +65,18 @@ int cuda_test_flash(const CudaFlashTest *t, const float *q, const uint16_t *k, c
 /* Test hook: cu_add_norm on rows rows at once (x_rows rows of hidden in x and in each of
  * the splits slices of part; out_row NULL or rows entries), then again in passes of
  * at most the rows the cluster kernel takes. x_out (x_rows, hidden) and xn_out (rows,
- * hidden, FP16 bits) from the first; same: the passes gave the same bits. */
+ * hidden, FP16 bits) from the first; same: the passes gave the same bits. qx_items,
+ * qx_recs (or NULL): the first also quantizes xn for the integer GEMV (rows up to 4, hidden
+ * a multiple of 512), its items (rows, hidden / 64, 32 words) and records (rows, hidden /
+ * 64, scale and sum of X as int bits) copied there. */
 typedef struct CudaNormTest {
         uint32_t rows, x_rows, hidden, splits;
         const float *x, *part, *bias, *w;
         const uint32_t *out_row;
         bool write_res;
         float eps;
+        uint32_t *qx_items;
+        float *qx_recs;
 } CudaNormTest;
 
 int cuda_test_add_norm(

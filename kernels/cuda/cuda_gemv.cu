@@ -100,6 +100,7 @@ struct AwqArgs {
         uint32_t K, N, tiles, chunks, splits;
         uint32_t group_magic; /* ceil(2^31 / (group size / 32)) */
         __half *hb; /* paired gate|up tiles, one slice: silu(gate) * up (rows, N / 2), not y */
+        CuQx qx;    /* x quantized, for k_gemv_qx */
 };
 
 /* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
@@ -392,16 +393,178 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
                         min(HI ? 16u : 8u, r1 - p0), awq_xsl, red);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The INT4 GEMV of 1 to QX_ROWS dense rows on integer tensor cores.
+ *
+ * k_gemv_awq spends most of a chunk's instructions making FP16 operands of the nibbles:
+ * the lop3 and shifts that unpack them and the hadd2 / hfma2 that take off the zero (SASS:
+ * 41 and 36 of about 125 instructions a 1 KB chunk, eleventh session). Here x comes
+ * quantized (CuQx, made once a row by the add_norm before), and the nibbles go to
+ * mma.m16n8k32 (u8 x s8 -> s32) as they lie in the AWQ layout: w & 0x0f0f0f0f is column
+ * g's four k of a word as bytes, w & 0xf0f0f0f0 column g + 8's times 16. A word costs one
+ * lop3, two words one mma, and the zero comes off each chunk's integer sum: about 69
+ * instructions a chunk. B's column 2r is row r's xh, column 2r + 1 its xl, so a lane (g, t)
+ * of the result holds row t's two sums of columns g and g + 8, and 256 c_h + c_l is sum q X
+ * exactly. The chunk's term is then s_w s (sum q X - z sum X), in float32 from there.
+ * Against k_gemv_awq's FP16 x (11 bits a value) X keeps 15 bits of the chunk's largest.
+ *
+ * Quantizing in the GEMV itself cost more than it saved: each of 7B gate|up's 1184 CTAs
+ * quantized the whole row (25.0 against 23.7 us a launch, and 20.9 with x not read at all;
+ * docs/PERF.md, fifteenth session). The work split (AWQ_NT tiles and a K slice a CTA, the
+ * slice's chunks split between its warps, AWQ_D chunks of weights in flight a warp) and
+ * the sums' meeting are k_gemv_awq's; x goes one chunk ahead, from L2. G64 layouts only
+ * (one scale record a tile and chunk). */
+
+__device__ __forceinline__ void imma16832(int *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+        asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Shared-memory bytes of a CTA's slice of the quantized rows (XS): items and records. */
+__host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t slice_chunks)
+{
+        return (size_t) rows * slice_chunks * (128 + sizeof(float2));
+}
+
+/* XS: the CTA first copies its slice of the quantized rows into shared memory, as
+ * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
+ * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
+ * slice, was 9% faster (docs/PERF.md, fifteenth session). */
+template <bool XS>
+__global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
+{
+        __shared__ AwqRed red[AWQ_KW];
+        extern __shared__ __align__(16) uint4 qx_xs[];
+        constexpr int D = AWQ_D;
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, pr = a.rows;
+        uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
+        awq_slice(a, &c0, &c1, &w0, &w1);
+        const uint4 *qp = a.qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
+        const uint2 *sp = (const uint2 *) a.sz + (size_t) tile0 * 8 + g;
+        uint32_t group_recs = a.tiles * 8;
+        uint4 buf[D][AWQ_NT];
+        uint2 szb[D][AWQ_NT];
+        auto load = [&](int i, uint32_t ch) {
+                const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
+                const uint2 *sc = sp + (size_t) __umulhi(4 * ch, a.group_magic) * group_recs;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        buf[i][j] = ld_stream(qc + 32 * j);
+                        szb[i][j] = ld_stream(sc + 8 * j);
+                }
+        };
+        /* B: column g is row g / 2's xh (g even) or xl; lanes past the rows read row 0, and
+         * take row 0's record where their own row t is past them */
+        uint32_t xrow = g / 2 < pr ? g / 2 : 0, rrow = t < pr ? t : 0, n = c1 - c0;
+        const uint4 *xp = (const uint4 *) (a.qx.items + (size_t) xrow * a.qx.chunks * 32) +
+                          4 * (g % 2) + t;
+        const uint2 *rp = (const uint2 *) (a.qx.recs + (size_t) rrow * a.qx.chunks);
+        const uint4 *sxp = qx_xs + xrow * n * 8 + 4 * (g % 2) + t;
+        const uint2 *srp = (const uint2 *) (qx_xs + pr * n * 8) + rrow * n;
+        uint4 xb[2];
+        uint2 rb[2];
+        /* x is the predecessor's output: coherent loads, after the wait */
+        auto load_x = [&](int i, uint32_t ch) {
+                if (XS) {
+                        xb[i] = sxp[(ch - c0) * 8];
+                        rb[i] = srp[ch - c0];
+                } else {
+                        xb[i] = ld_cg(xp + (size_t) ch * 8);
+                        rb[i] = ld_cg(rp + ch);
+                }
+        };
+        if (w0 < w1) {
+#pragma unroll
+                for (int i = 0; i < D; i++)
+                        if (w0 + i < w1)
+                                load(i, w0 + i);
+        }
+        pdl_wait();
+        if (XS) {
+                /* items by rows, then records */
+                for (uint32_t i = threadIdx.x; i < pr * n * 8; i += blockDim.x)
+                        cp_async16(qx_xs + i,
+                                (const uint4 *) (a.qx.items +
+                                                 ((size_t) (i / (n * 8)) * a.qx.chunks + c0) * 32) +
+                                        i % (n * 8),
+                                true);
+                cp_async_commit();
+                uint2 *sr = (uint2 *) (qx_xs + pr * n * 8);
+                for (uint32_t i = threadIdx.x; i < pr * n; i += blockDim.x)
+                        sr[i] = ld_cg((const uint2 *) (a.qx.recs + (size_t) (i / n) * a.qx.chunks +
+                                                       c0 + i % n));
+                cp_async_wait<0>();
+                __syncthreads();
+        }
+        if (w0 < w1)
+                load_x(0, w0);
+        float f[AWQ_NT][2] = {};
+        auto compute = [&](int i, const uint4 &b, uint2 r2) {
+                float sx = __uint_as_float(r2.x);
+                int sum = (int) r2.y;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++) {
+                        uint4 v = buf[i][j];
+                        uint32_t A0[4] = {v.x & 0x0f0f0f0fu, v.x & 0xf0f0f0f0u, v.y & 0x0f0f0f0fu,
+                                v.y & 0xf0f0f0f0u};
+                        uint32_t A1[4] = {v.z & 0x0f0f0f0fu, v.z & 0xf0f0f0f0u, v.w & 0x0f0f0f0fu,
+                                v.w & 0xf0f0f0f0u};
+                        int c[4] = {0, 0, 0, 0};
+                        imma16832(c, A0, b.x, b.y);
+                        imma16832(c, A1, b.z, b.w);
+                        /* the record's zeros as FP16 bits: -(1024 + z) is 0xe400 | z, -(64 +
+                         * z) is 0xd400 | 16 z */
+                        uint32_t zw = szb[i][j].y;
+                        int dg = 256 * c[0] + c[1] - (int) (zw & 0xfu) * sum;
+                        int dg8 = 256 * c[2] + c[3] - (int) ((zw >> 16) & 0xf0u) * sum;
+                        float2 s = __half22float2(u32_as_h2(szb[i][j].x));
+                        f[j][0] += s.x * sx * (float) dg;
+                        f[j][1] += s.y * (sx * 0.0625f) * (float) dg8;
+                }
+        };
+        /* D is even: chunk base + i's x is xb[i % 2] */
+        for (uint32_t base = w0; base < w1; base += D) {
+#pragma unroll
+                for (int i = 0; i < D; i++) {
+                        uint32_t ch = base + i;
+                        if (ch >= w1)
+                                break;
+                        if (ch + 1 < w1)
+                                load_x((i + 1) % 2, ch + 1);
+                        compute(i, xb[i % 2], rb[i % 2]);
+                        if (ch + D < w1)
+                                load(i, ch + D);
+                }
+        }
+        pdl_trigger();
+        /* into awq_store's order: lane (g, t) takes rows 2t and 2t + 1, which lanes (g, 2t)
+         * and (g, 2t + 1) hold */
+        float cs[AWQ_NT][1][4];
+        uint32_t s0 = 4 * g + (2 * t) % 4, s1 = 4 * g + (2 * t + 1) % 4;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++) {
+                cs[j][0][0] = __shfl_sync(0xffffffffu, f[j][0], s0);
+                cs[j][0][1] = __shfl_sync(0xffffffffu, f[j][0], s1);
+                cs[j][0][2] = __shfl_sync(0xffffffffu, f[j][1], s0);
+                cs[j][0][3] = __shfl_sync(0xffffffffu, f[j][1], s1);
+        }
+        awq_store<1>(a, cs, tile0, 0, pr, red);
+}
+
 /* HI: passes of 16 rows, else of 8. */
 static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
-        size_t slice_stride, __half *hb = NULL)
+        size_t slice_stride, __half *hb = NULL, const CuQx *qx = NULL)
 {
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb,
+                qx ? *qx : CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
@@ -417,6 +580,15 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                       xs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
         if (use_xs)
                 k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
+        if (qx && g64 && !ids && !off && !list && rows <= QX_ROWS &&
+                (size_t) qx->chunks * AWQ_KC == l->in) {
+                size_t qs = qx_xs_bytes(rows, slice);
+                if (slice >= 32 && qs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed))
+                        k_gemv_qx<true><<<grid, AWQ_KW * 32, qs, st>>>(a);
+                else
+                        k_gemv_qx<false><<<grid, AWQ_KW * 32, 0, st>>>(a);
+                return;
+        }
         k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
 }
 
@@ -611,7 +783,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb, CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         bool few = (size_t) grid.x * grid.y * grid.z <= experts_few_wave(g64) &&
@@ -1001,9 +1173,9 @@ static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x,
 
 
 void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, __half *hb)
+        uint32_t rows, __half *hb, const CuQx *qx)
 {
-        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb);
+        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb, qx);
 }
 
 /* One thread per 16-byte unit or scale record of the paired layout, read from the
@@ -1047,11 +1219,11 @@ cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp)
 }
 
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
-        float *y, size_t slice_stride)
+        float *y, size_t slice_stride, const CuQx *qx)
 {
         if (l->awq) {
                 gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, y,
-                        slice_stride);
+                        slice_stride, NULL, qx);
                 return;
         }
         switch (rows) {
@@ -1261,6 +1433,9 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         __half *x = NULL;
         float *y = NULL;
         uint32_t *offd = NULL, *listd = NULL;
+        /* dense rows as a step's add_norm leaves them: quantized too, for the integer GEMV */
+        CuQx qx = {NULL, NULL, in / AWQ_KC};
+        bool quantized = !n_experts && rows <= QX_ROWS && in % AWQ_KC == 0;
         cudaStream_t st = NULL;
         cudaGraph_t graph = NULL;
         cudaGraphExec_t exec = NULL;
@@ -1281,6 +1456,14 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                 e = cudaMemset(sz, 0x11, sb * mats * copies);
         if (e == cudaSuccess)
                 e = cudaMemset(x, 0x22, (size_t) pairs * in * 2);
+        if (e == cudaSuccess && quantized)
+                e = cudaMalloc(&qx.items, (size_t) rows * in * 2);
+        if (e == cudaSuccess && quantized)
+                e = cudaMalloc(&qx.recs, (size_t) rows * qx.chunks * sizeof(float2));
+        if (e == cudaSuccess && quantized) {
+                cu_quantize_x(0, x, in, rows, in, &qx);
+                e = cudaDeviceSynchronize();
+        }
         if (e == cudaSuccess)
                 e = cudaMemcpy(offd, off, (mats + 1) * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess)
@@ -1297,7 +1480,8 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                         cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
                                 top_k, x, in, y, (size_t) pairs * out, NULL);
                 else
-                        cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out);
+                        cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out,
+                                quantized ? &qx : NULL);
         }
         if (st) {
                 cudaError_t e2 = cudaStreamEndCapture(st, &graph);
@@ -1324,6 +1508,8 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         cudaFree(y);
         cudaFree(offd);
         cudaFree(listd);
+        cudaFree(qx.items);
+        cudaFree(qx.recs);
         free(off);
         free(list);
         free(of);

@@ -11,6 +11,7 @@ extern "C" {
 #include "cuda_backend.h"
 }
 #include "cuda_deepseek.cuh"
+#include "cuda_qx.cuh"
 #include "cuda_kernels.cuh"
 #include "cuda_ptx.cuh"
 #include "cuda_route.cuh"
@@ -154,17 +155,21 @@ __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const ui
         }
 }
 
-template <bool MOE, int ROUTE>
+/* QX: also the rows quantized into qx (cu_add_norm_quantizes). A template argument, not
+ * a test of qx alone: the kernels without it stay as they were (7B and V2-Lite batch 8 were
+ * 0.6% and 1% slower with the test; docs/PERF.md, fifteenth session). */
+template <bool MOE, int ROUTE, bool QX = false>
 __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
                 const float *__restrict__ bias, const CuMoeSum moe,
                 const float *__restrict__ w, __half *xn, uint32_t hidden, float eps,
-                const uint32_t *out_row, bool write_res, const CuNormRouter rr, uint32_t rq)
+                const uint32_t *out_row, bool write_res, const CuNormRouter rr, uint32_t rq,
+                const CuQx qx)
 {
         __shared__ float red[32];
         __shared__ float ss_all[ADD_NORM_CTAS]; /* the blocks' sums of squares, by rank */
-        /* ROUTE: the block's normed slice, and (rank 0) every block's router partials */
-        __shared__ __half xs_s[ROUTE ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
+        /* the block's normed slice (ROUTE, qx), and (rank 0) every block's router partials */
+        __shared__ __align__(16) __half xs_s[ROUTE || QX ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
         __shared__ float rpart_s[ROUTE ? ADD_NORM_CTAS : 1][ROUTE ? ROUTE_MAX : 1];
         cg::cluster_group cluster = cg::this_cluster();
         uint32_t c = cluster.block_rank(), chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
@@ -286,9 +291,18 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 if (i < hi) {
                         __half h = __float2half(wn[e] * (a[e] * inv));
                         xn[(size_t) j * hidden + i] = h;
-                        if constexpr (ROUTE > 0)
+                        if constexpr (ROUTE > 0 || QX)
                                 xs_s[threadIdx.x + e * ADD_NORM_THREADS] = h;
                 }
+        }
+        if constexpr (QX) {
+                /* the slice's chunks (cu_add_norm_quantizes: whole ones), 8 lanes each */
+                __syncthreads();
+                uint32_t n = (hi - lo) / 64, it = threadIdx.x / 8, at = j * qx.chunks + lo / 64 + it;
+                if (threadIdx.x / 32 * 4 < n)
+                        qx_chunk(it < n ? *(const uint4 *) (xs_s + 64 * it + 8 * (threadIdx.x % 8))
+                                        : make_uint4(0, 0, 0, 0),
+                                it < n, qx.items + (size_t) at * 32, qx.recs + at);
         }
         if constexpr (ROUTE > 0)
                 router_epilogue<ROUTE>(rr, rwv, xs_s, rpart_s, re, rs, rq, seg, rlive, c, j,
@@ -412,11 +426,21 @@ bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed)
                router_segs(hidden, n_routed) > 0;
 }
 
-void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
+bool cu_add_norm_quantizes(uint32_t rows, uint32_t hidden)
+{
+        return rows <= QX_ROWS && rows <= ADD_NORM_MANY && hidden % (64 * ADD_NORM_CTAS) == 0 &&
+               hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER;
+}
+
+bool cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
         uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res,
-        const CuNormRouter *router)
+        const CuNormRouter *router, const CuQx *qx)
 {
+        /* not where it routes: the routing is the experts' critical path, and the shared
+         * experts that would take the quantized rows run beside it (V2-Lite batch 1 was 2.4%
+         * slower with it; docs/PERF.md, fifteenth session) */
+        CuQx q = qx && !router && cu_add_norm_quantizes(rows, hidden) ? *qx : CuQx{};
         CuMoeSum m = {};
         if (moe && rows > ADD_NORM_MOE) {
                 /* the combine's 16-byte loads sum the pairs first (see k_add_norm) */
@@ -430,19 +454,41 @@ void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         if (rows > ADD_NORM_MANY) {
                 k_add_norm_rows<<<rows, ADD_NORM_GROUPS * ADD_NORM_THREADS, 0, st>>>(x, part,
                         splits, slice_stride, bias, w, xn, hidden, eps, out_row, write_res);
-                return;
+                return false;
         }
         dim3 grid(ADD_NORM_CTAS, rows);
         CuNormRouter rr = {};
         uint32_t rq = 1;
-        auto k = m.w ? k_add_norm<true, 0> : k_add_norm<false, 0>;
+        auto k = m.w ? (q.items ? k_add_norm<true, 0, true> : k_add_norm<true, 0>)
+                     : (q.items ? k_add_norm<false, 0, true> : k_add_norm<false, 0>);
         if (router && !m.w) {
                 rr = *router;
                 rq = router_segs(hidden, rr.rt.n_routed);
                 k = rows == 1 && rr.idx ? k_add_norm<false, 2> : k_add_norm<false, 1>;
         }
         k<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, m, w, xn, hidden,
-                eps, out_row, write_res, rr, rq);
+                eps, out_row, write_res, rr, rq, q);
+        return q.items != NULL;
+}
+
+/* A block of 4 warps a row: 16 chunks a round. */
+__global__ void k_quantize_x(const __half *x, uint32_t ldx, uint32_t K, const CuQx qx)
+{
+        uint32_t r = blockIdx.y, n = K / 64;
+        for (uint32_t base = threadIdx.x / 32 * 4; base < n; base += blockDim.x / 8) {
+                uint32_t c = base + threadIdx.x % 32 / 8, at = r * qx.chunks + c;
+                bool live = c < n;
+                qx_chunk(live ? *(const uint4 *) (x + (size_t) r * ldx + 64 * c +
+                                                  8 * (threadIdx.x % 8))
+                              : make_uint4(0, 0, 0, 0),
+                        live, qx.items + (size_t) at * 32, qx.recs + at);
+        }
+}
+
+void cu_quantize_x(cudaStream_t st, const __half *x, uint32_t ldx, uint32_t rows, uint32_t K,
+        const CuQx *qx)
+{
+        k_quantize_x<<<dim3(1, rows), 128, 0, st>>>(x, ldx, K, *qx);
 }
 
 #define TRY(call, what)                                                                            \
@@ -464,9 +510,17 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
         uint32_t *r_d = NULL;
         int r = 0;
 
+        CuQx qx = {NULL, NULL, t->hidden / 64};
+        size_t qn = (size_t) t->rows * qx.chunks;
+
         if (t->rows == 0 || t->hidden > ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER ||
-                (!t->out_row && t->rows != t->x_rows))
+                (!t->out_row && t->rows != t->x_rows) ||
+                (t->qx_items && !cu_add_norm_quantizes(t->rows, t->hidden)))
                 return ds_error(err, -EINVAL, "add_norm test: %u rows of %u", t->rows, t->hidden);
+        if (t->qx_items) {
+                TRY(cudaMalloc(&qx.items, qn * 128), "quantized rows");
+                TRY(cudaMalloc(&qx.recs, qn * 8), "quantized rows");
+        }
         TRY(cudaMalloc(&x_d, xn_floats * 4), "x");
         TRY(cudaMalloc(&x2, xn_floats * 4), "x");
         TRY(cudaMalloc(&p_d, (size_t) t->splits * xn_floats * 4 + 4), "part");
@@ -490,13 +544,14 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
         /* all rows at once, then in passes small enough for the cluster kernel */
         cu_add_norm(0, x_d, t->part ? p_d : NULL, t->splits, xn_floats, t->bias ? b_d : NULL,
                 NULL, w_d, o_d, t->rows, t->hidden, t->eps, t->out_row ? r_d : NULL,
-                t->write_res, NULL);
+                t->write_res, NULL, t->qx_items ? &qx : NULL);
         for (uint32_t r0 = 0; r0 < t->rows; r0 += ADD_NORM_MANY) {
                 uint32_t n = t->rows - r0 < ADD_NORM_MANY ? t->rows - r0 : ADD_NORM_MANY;
                 size_t skip = t->out_row ? 0 : (size_t) r0 * t->hidden;
                 cu_add_norm(0, x2 + skip, t->part ? p_d + skip : NULL, t->splits, xn_floats,
                         t->bias ? b_d : NULL, NULL, w_d, o2 + (size_t) r0 * t->hidden, n,
-                        t->hidden, t->eps, t->out_row ? r_d + r0 : NULL, t->write_res, NULL);
+                        t->hidden, t->eps, t->out_row ? r_d + r0 : NULL, t->write_res, NULL,
+                        NULL);
         }
         TRY(cudaGetLastError(), "launch");
         TRY(cudaDeviceSynchronize(), "run");
@@ -518,6 +573,10 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
                         e = cudaMemcpy(oa, o2, on * 2, cudaMemcpyDeviceToHost);
                 *same = e == cudaSuccess && memcmp(xa, x_out, xn_floats * 4) == 0 &&
                         memcmp(oa, xn_out, on * 2) == 0;
+                if (e == cudaSuccess && t->qx_items)
+                        e = cudaMemcpy(t->qx_items, qx.items, qn * 128, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess && t->qx_items)
+                        e = cudaMemcpy(t->qx_recs, qx.recs, qn * 8, cudaMemcpyDeviceToHost);
                 free(xa);
                 free(oa);
                 if (e != cudaSuccess)
@@ -533,6 +592,8 @@ out:
         cudaFree(o_d);
         cudaFree(o2);
         cudaFree(r_d);
+        cudaFree(qx.items);
+        cudaFree(qx.recs);
         return r;
 }
 

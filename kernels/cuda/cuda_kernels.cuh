@@ -23,6 +23,21 @@
 /* Most query heads sharing one KV head that the attention kernel holds in registers. */
 #define ATT_GROUP_MAX 16
 
+/* A linear's input of up to QX_ROWS rows quantized to integers (the integer INT4 GEMV's x,
+ * see cuda_gemv.cu), made by the add_norm that makes it in FP16: chunk c of 64 k of row r,
+ * x ~ scale * X with scale = max |x| / QX_XMAX over the chunk and X = 256 xh + xl, xh and
+ * xl signed bytes. Item r * chunks + c is 32 words: word 16 p + 4 t + j holds part p (0:
+ * xh, 1: xl) of k 16 j + 4 t + {0, 2, 1, 3}, byte by byte (the order of an AWQ word's
+ * nibbles, so that A and B of mma.m16n8k32 meet); its record is (scale, sum of X as int
+ * bits). */
+#define QX_ROWS 4
+#define QX_XMAX 32639 /* so that (X + 128) >> 8 is a signed byte */
+typedef struct CuQx {
+        uint32_t *items;
+        float2 *recs;
+        uint32_t chunks; /* per row */
+} CuQx;
+
 /* A linear layer resident on the device. */
 typedef struct CuLinear {
         bool awq;
@@ -86,12 +101,22 @@ typedef struct CuMoeSum {
  * part holds a MoE layer's pair partials instead (moe->rows * top_k of hidden a slice),
  * v = x[r] + their sum as moe says (in moe->y first, for many rows), and bias is NULL.
  * router (not with moe; NULL: none): also the router's logits of xn, where
- * cu_add_norm_routes says so (cuda_deepseek.cuh). */
+ * cu_add_norm_routes says so (cuda_deepseek.cuh). qx (or NULL): also xn quantized into it,
+ * where cu_add_norm_quantizes says so and there is no router; returns whether it was. */
 struct CuNormRouter;
-void cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
+bool cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
         size_t slice_stride, const float *bias, const CuMoeSum *moe, const float *w, __half *xn,
         uint32_t rows, uint32_t hidden, float eps, const uint32_t *out_row, bool write_res,
-        const struct CuNormRouter *router);
+        const struct CuNormRouter *router, const CuQx *qx);
+
+/* Whether cu_add_norm also quantizes xn into a CuQx (its qx argument) at rows rows of
+ * hidden: the cluster kernel's rows, up to QX_ROWS, each block's slice whole chunks. */
+bool cu_add_norm_quantizes(uint32_t rows, uint32_t hidden);
+
+/* qx = rows of x (row stride ldx, a multiple of 8; K a multiple of 64) quantized, as
+ * cu_add_norm does it: for the tests of the integer GEMV. */
+void cu_quantize_x(cudaStream_t st, const __half *x, uint32_t ldx, uint32_t rows, uint32_t K,
+        const CuQx *qx);
 
 /* Whether cu_add_norm takes a router of n_routed experts at rows rows of hidden: the
  * cluster kernel's rows, each block's slice of the row in whole 16-byte pieces for every
@@ -169,15 +194,17 @@ void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint3
 
 /* y[s] (rows, N) = slice s of x (rows, K; row stride ldx, a multiple of 4 for AWQ, even
  * for dense) · W, for rows <= 16 (AWQ) or GEMV_ROWS (dense); slices are slice_stride
- * floats apart. An AWQ row's result does not depend on the other rows. */
+ * floats apart. An AWQ row's result does not depend on the other rows. qx (or NULL): x
+ * quantized, which the integer GEMV takes instead where it applies (AWQ, up to QX_ROWS
+ * rows, groups of whole chunks). */
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
-        float *y, size_t slice_stride);
+        float *y, size_t slice_stride, const CuQx *qx);
 
 /* hb (rows, l->out / 2) = silu(gate) * up of x · W, for a gate|up linear l with paired
  * tiles and one K slice, rows <= 16: a CTA holds a gate tile and its up tile, and its
  * sums go through k_swiglu4's arithmetic into hb instead of out as partials. */
 void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, __half *hb);
+        uint32_t rows, __half *hb, const CuQx *qx);
 
 /* Reorders the tiles of l (gate | up, l->out / 2 columns each, a multiple of 16) so that
  * gate tile t and up tile t are physical tiles 2t and 2t + 1, one CTA's pair, through tmp

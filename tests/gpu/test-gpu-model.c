@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* Whole random models on the CUDA backend against the CPU backend, which exercises every
  * kernel of a step (embedding, RMSNorm + residual, RoPE of each type + KV append, paged
- * attention over several items, SwiGLU, the GEMV and cuBLAS linears, argmax):
+ * attention over several items, SwiGLU, the GEMV and cuBLAS linears, the add_norm's
+ * quantized rows and the integer GEMV that takes them, argmax):
  *  - a chunked prefill of 300 tokens, a 3-sequence decode, then steps of 2 and of 1
  *    sequence, and one sequence prefilled to 1100 positions and decoded there, logits
  *    within 1e-2 relative error of the CPU's for every position;
@@ -104,10 +105,11 @@ static double compare_prefill(const BkModel *m, Backend *cpu, Backend *gpu)
 }
 
 /* One sequence to a long context: decode rows of items of 32 positions (att_chunk), more
- * than one round of the small steps' attention kernel at head_dim 128. */
+ * than one round of the small steps' attention kernel at head_dim 128, the row's own
+ * position in the item's second round. */
 static double compare_long(const BkModel *m, Backend *cpu, Backend *gpu)
 {
-        uint32_t V = m->cfg.vocab_size, n = 1100;
+        uint32_t V = m->cfg.vocab_size, n = 1110;
         static uint32_t blocks[72];
         int32_t *tokens = (int32_t *) rnd_alloc((n + 2) * 4);
         float *a = (float *) rnd_alloc((size_t) 600 * V * 4),
@@ -121,7 +123,9 @@ static double compare_long(const BkModel *m, Backend *cpu, Backend *gpu)
         for (uint32_t step = 0; step < 4; step++) {
                 uint32_t pos = step < 2 ? step * 550 : n + step - 2;
                 BkSeq s = {.tokens = tokens + pos,
-                        .n_tokens = step < 2 ? 550 : 1,
+                        .n_tokens = step == 0   ? 550
+                                    : step == 1 ? n - 550
+                                                : 1,
                         .pos = pos,
                         .blocks = blocks,
                         .n_blocks = 72,
@@ -142,7 +146,8 @@ int main(void)
                 {256, 352, 2, 8, 2, 32, 300, 32, true, BK_ROPE_DEFAULT},
                 {192, 320, 2, 7, 1, 64, 517, 64, false, BK_ROPE_LLAMA3},
                 {256, 256, 1, 4, 4, 64, 260, 128, true, BK_ROPE_YARN},
-                {256, 384, 2, 8, 2, 128, 300, 128, false, BK_ROPE_DEFAULT},
+                /* hidden 512: its steps of up to 4 rows take the integer GEMV */
+                {512, 384, 2, 8, 2, 128, 300, 128, false, BK_ROPE_DEFAULT},
         };
         double worst = 0;
 

@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: MIT */
+/* Quantizing a linear's input into a CuQx (cuda_kernels.cuh), shared by the add_norm that
+ * makes it and the tests' quantizer, so that both write the same bits. Internal to
+ * kernels/cuda. */
+#pragma once
+
+#include "cuda_kernels.cuh"
+
+/* The bytes (X[0], X[2], X[1], X[3]) of four signed bytes as one word: k 4t + {0, 2, 1,
+ * 3}, the order of an AWQ word's nibbles. */
+__device__ __forceinline__ uint32_t qx_word(const int *X)
+{
+        return ((uint32_t) X[0] & 0xff) | ((uint32_t) X[2] & 0xff) << 8 |
+               ((uint32_t) X[1] & 0xff) << 16 | ((uint32_t) X[3] & 0xff) << 24;
+}
+
+/* One chunk by 8 lanes of a warp: lane u = lane % 8 holds its k 8u..8u+7 in raw (8
+ * halves). Every lane of the warp calls it (the shuffles take all 32); the lanes with live
+ * set write item (32 words) and rec. */
+__device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
+{
+        const __half2 *h = (const __half2 *) &raw;
+        uint32_t u = threadIdx.x % 8;
+        float v[8], m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+                float2 f = __half22float2(h[k]);
+                v[2 * k] = f.x;
+                v[2 * k + 1] = f.y;
+                m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2)
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float inv = m > 0.0f ? (float) QX_XMAX / m : 0.0f;
+        int X[8], H[8], L[8], sum = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+                /* |v| <= m, so |v * inv| rounds to at most QX_XMAX */
+                X[k] = __float2int_rn(v[k] * inv);
+                sum += X[k];
+                H[k] = (X[k] + 128) >> 8;
+                L[k] = X[k] - 256 * H[k];
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (!live)
+                return;
+        /* k 8u..8u+7: k-step j = u / 2, lanes-of-quad t0 = 2 (u % 2) and t0 + 1 */
+        uint32_t t0 = 2 * (u % 2), j = u / 2;
+        item[4 * t0 + j] = qx_word(H);
+        item[4 * (t0 + 1) + j] = qx_word(H + 4);
+        item[16 + 4 * t0 + j] = qx_word(L);
+        item[16 + 4 * (t0 + 1) + j] = qx_word(L + 4);
+        if (u == 0)
+                *rec = make_float2(m / (float) QX_XMAX, __int_as_float(sum));
+}
