@@ -4,7 +4,8 @@
  * cuda_backend.cu, which drives them. C++ linkage: nothing here crosses into C.
  *
  * The residual stream, queries and a linear's partial sums are float32; a linear's input
- * is FP16 (its producer rounds once, as the tensor cores and cuBLAS take it); weights are
+ * is FP16 (its producer rounds once, as the tensor cores and cuBLAS take it), and for the
+ * integer GEMV of up to QX_ROWS rows also quantized to 16-bit integers (CuQx); weights are
  * INT4 (AWQ, repacked at load) or FP16; the KV cache is FP16.
  * A linear writes float32 partial sums [splits][rows][out] and the kernel that consumes its
  * output adds the slices in a fixed order plus the bias, so no reduction kernel and no
