@@ -1538,8 +1538,8 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
         /* token embedding */
         cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
-        /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
-        /* not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
+        /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live);
+         * not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
          * add_norms left out (docs/PERF.md, fifteenth session) */
         const CuQx *qx = !b->mla && b->qx.items ? &b->qx : NULL;
 
