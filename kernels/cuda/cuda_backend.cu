@@ -783,6 +783,8 @@ static int scratch_alloc(Backend *b, DsError *err)
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
         DALLOC(b->xn, R * k_max * 2, "normed rows");
+        /* not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
+         * add_norms left out (docs/PERF.md, fifteenth session) */
         if (!b->mla && cu_add_norm_quantizes(1, c->hidden)) {
                 b->qx.chunks = c->hidden / 64;
                 DALLOC(b->qx.items, (size_t) QX_ROWS * b->qx.chunks * 128, "quantized rows");
@@ -1538,10 +1540,8 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
         /* token embedding */
         cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
-        /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live);
-         * not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
-         * add_norms left out (docs/PERF.md, fifteenth session) */
-        const CuQx *qx = !b->mla && b->qx.items ? &b->qx : NULL;
+        /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
+        const CuQx *qx = b->qx.items ? &b->qx : NULL;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];

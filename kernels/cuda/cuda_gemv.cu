@@ -248,6 +248,44 @@ __host__ __device__ static inline uint32_t awq_xs_row(uint32_t slice_chunks)
         return slice_chunks * AWQ_KC + 16;
 }
 
+/* A warp's chunks [w0, w1) with D stages of weights in flight: load(i, ch) fills stage i
+ * with chunk ch's weights, load_x(s, ch) x stage s (two, by parity) with chunk ch's x,
+ * compute(i, s) uses both. preload takes the first D stages, before the PDL wait (the
+ * weights are constant, so they stream in while the predecessor finishes); stream then
+ * loads x a chunk ahead and the weights D ahead. D is even, so chunk base + i's x is in
+ * stage i % 2 on every round. */
+template <int D, typename Load>
+__device__ __forceinline__ void awq_preload(uint32_t w0, uint32_t w1, Load load)
+{
+        if (w0 < w1) {
+#pragma unroll
+                for (int i = 0; i < D; i++)
+                        if (w0 + i < w1)
+                                load(i, w0 + i);
+        }
+}
+
+template <int D, typename Load, typename LoadX, typename Compute>
+__device__ __forceinline__ void awq_stream(uint32_t w0, uint32_t w1, Load load, LoadX load_x,
+        Compute compute)
+{
+        if (w0 < w1)
+                load_x(0, w0);
+        for (uint32_t base = w0; base < w1; base += D) {
+#pragma unroll
+                for (int i = 0; i < D; i++) {
+                        uint32_t ch = base + i;
+                        if (ch >= w1)
+                                break;
+                        if (ch + 1 < w1)
+                                load_x((i + 1) % 2, ch + 1);
+                        compute(i, i % 2);
+                        if (ch + D < w1)
+                                load(i, ch + D);
+                }
+        }
+}
+
 /* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
  * w1) of the CTA's slice [c0, c1); HI has half the chunks in flight, for registers. G64:
  * the group size is a multiple of the chunk (so is K), one (scale, zero) per tile and
@@ -325,20 +363,13 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                         }
                 }
         };
-        auto compute = [&](int i, uint2 (*xq)[4]) {
+        auto compute = [&](int i, int st) {
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++)
-                        awq_tile<H, Q>(buf[i][j], szb[i][j], xq, c[j]);
+                        awq_tile<H, Q>(buf[i][j], szb[i][j], xb[st], c[j]);
         };
 
-        /* The weights are constant: their first stages load before the wait on the kernel
-         * that writes x (and reads y), so they stream in while it finishes. */
-        if (w0 < w1) {
-#pragma unroll
-                for (int i = 0; i < D; i++)
-                        if (w0 + i < w1)
-                                load(i, w0 + i);
-        }
+        awq_preload<D>(w0, w1, load);
         pdl_wait();
         if (XS) {
                 /* 16-byte pieces of the pass's rows over the slice; beyond K, zeros */
@@ -352,22 +383,7 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 cp_async_wait<0>();
                 __syncthreads();
         }
-        if (w0 < w1)
-                load_x(xb[0], w0);
-        /* D is even: stage i's x is xb[i % 2] on every round */
-        for (uint32_t base = w0; base < w1; base += D) {
-#pragma unroll
-                for (int i = 0; i < D; i++) {
-                        uint32_t ch = base + i;
-                        if (ch >= w1)
-                                break;
-                        if (ch + 1 < w1)
-                                load_x(xb[(i + 1) % 2], ch + 1);
-                        compute(i, xb[i % 2]);
-                        if (ch + D < w1)
-                                load(i, ch + D);
-                }
-        }
+        awq_stream<D>(w0, w1, load, [&](int st, uint32_t ch) { load_x(xb[st], ch); }, compute);
         pdl_trigger(); /* the successor's blocks may take the SM slots of finished ones */
         awq_store<H>(a, c, tile0, p0, pr, red);
 }
@@ -402,8 +418,8 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
  * quantized (CuQx, made once a row by the add_norm before), and the nibbles go to
  * mma.m16n8k32 (u8 x s8 -> s32) as they lie in the AWQ layout: w & 0x0f0f0f0f is column
  * g's four k of a word as bytes, w & 0xf0f0f0f0 column g + 8's times 16. A word costs one
- * lop3, two words one mma, and the zero comes off each chunk's integer sum: about 69
- * instructions a chunk. B's column 2r is row r's xh, column 2r + 1 its xl, so a lane (g, t)
+ * lop3, two words one mma, and the zero comes off each chunk's integer sum: about 90
+ * instructions a chunk, against k_gemv_awq's 126 (SASS, fifteenth session). B's column 2r is row r's xh, column 2r + 1 its xl, so a lane (g, t)
  * of the result holds row t's two sums of columns g and g + 8, and 256 c_h + c_l is sum q X
  * exactly. The chunk's term is then s_w s (sum q X - z sum X), in float32 from there.
  * Against k_gemv_awq's FP16 x (11 bits a value) X keeps 15 bits of the chunk's largest.
@@ -476,12 +492,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                         rb[i] = ld_cg(rp + ch);
                 }
         };
-        if (w0 < w1) {
-#pragma unroll
-                for (int i = 0; i < D; i++)
-                        if (w0 + i < w1)
-                                load(i, w0 + i);
-        }
+        awq_preload<D>(w0, w1, load);
         pdl_wait();
         if (XS) {
                 /* items by rows, then records */
@@ -499,12 +510,11 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cp_async_wait<0>();
                 __syncthreads();
         }
-        if (w0 < w1)
-                load_x(0, w0);
         float f[AWQ_NT][2] = {};
-        auto compute = [&](int i, const uint4 &b, uint2 r2) {
-                float sx = __uint_as_float(r2.x);
-                int sum = (int) r2.y;
+        auto compute = [&](int i, int st) {
+                const uint4 &b = xb[st];
+                float sx = __uint_as_float(rb[st].x);
+                int sum = (int) rb[st].y;
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
                         uint4 v = buf[i][j];
@@ -525,20 +535,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                         f[j][1] += s.y * (sx * 0.0625f) * (float) dg8;
                 }
         };
-        /* D is even: chunk base + i's x is xb[i % 2] */
-        for (uint32_t base = w0; base < w1; base += D) {
-#pragma unroll
-                for (int i = 0; i < D; i++) {
-                        uint32_t ch = base + i;
-                        if (ch >= w1)
-                                break;
-                        if (ch + 1 < w1)
-                                load_x((i + 1) % 2, ch + 1);
-                        compute(i, xb[i % 2], rb[i % 2]);
-                        if (ch + D < w1)
-                                load(i, ch + D);
-                }
-        }
+        awq_stream<D>(w0, w1, load, load_x, compute);
         pdl_trigger();
         /* into awq_store's order: lane (g, t) takes rows 2t and 2t + 1, which lanes (g, 2t)
          * and (g, 2t + 1) hold */
@@ -567,19 +564,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                 qx ? *qx : CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
-        auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
-                    : (g64 ? k_gemv_awq<false, true, false> : k_gemv_awq<false, false, false>);
-        /* x through shared memory for dense passes of 1 or 2 rows, in 16-byte pieces, where
-         * the slice is long enough to repay the copy (7B gate_up and down, 56 and 60 chunks:
-         * 13% and 11% faster; qkv and o, 14 and 12 chunks: 4% slower) and fits in the 48 KB a
-         * launch may take without opting in */
         uint32_t slice = div_up(a.chunks, a.splits);
-        size_t xs = (size_t) rows * awq_xs_row(slice) * 2;
-        bool use_xs = !hi && !off && !list && rows <= 2 && slice >= 32 && ldx % 8 == 0 &&
-                      (uintptr_t) x % 16 == 0 &&
-                      xs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
-        if (use_xs)
-                k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
         if (qx && g64 && !ids && !off && !list && rows <= QX_ROWS &&
                 (size_t) qx->chunks * AWQ_KC == l->in) {
                 size_t qs = qx_xs_bytes(rows, slice);
@@ -589,6 +574,18 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                         k_gemv_qx<false><<<grid, AWQ_KW * 32, 0, st>>>(a);
                 return;
         }
+        auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
+                    : (g64 ? k_gemv_awq<false, true, false> : k_gemv_awq<false, false, false>);
+        /* x through shared memory for dense passes of 1 or 2 rows, in 16-byte pieces, where
+         * the slice is long enough to repay the copy (7B gate_up and down, 56 and 60 chunks:
+         * 13% and 11% faster; qkv and o, 14 and 12 chunks: 4% slower) and fits in the 48 KB a
+         * launch may take without opting in */
+        size_t xs = (size_t) rows * awq_xs_row(slice) * 2;
+        bool use_xs = !hi && !off && !list && rows <= 2 && slice >= 32 && ldx % 8 == 0 &&
+                      (uintptr_t) x % 16 == 0 &&
+                      xs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
+        if (use_xs)
+                k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
         k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
 }
 

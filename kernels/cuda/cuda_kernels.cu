@@ -426,9 +426,11 @@ bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed)
                router_segs(hidden, n_routed) > 0;
 }
 
+static_assert(QX_ROWS <= ADD_NORM_MANY, "the cluster kernel quantizes");
+
 bool cu_add_norm_quantizes(uint32_t rows, uint32_t hidden)
 {
-        return rows <= QX_ROWS && rows <= ADD_NORM_MANY && hidden % (64 * ADD_NORM_CTAS) == 0 &&
+        return rows <= QX_ROWS && hidden % (64 * ADD_NORM_CTAS) == 0 &&
                hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER;
 }
 
