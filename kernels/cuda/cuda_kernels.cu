@@ -664,7 +664,7 @@ __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride
                 i += gridDim.x * blockDim.x) {
                 float g = sum_part(part, splits, slice_stride, row + i, bias, i);
                 float u = sum_part(part, splits, slice_stride, row + inter + i, bias, inter + i);
-                out[(size_t) r * inter + i] = __float2half(g / (1.0f + expf(-g)) * u);
+                out[(size_t) r * inter + i] = __float2half(silu_mul(g, u));
         }
 }
 
@@ -700,10 +700,8 @@ __global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_strid
                 g = make_float4(g.x + bg.x, g.y + bg.y, g.z + bg.z, g.w + bg.w);
                 u = make_float4(u.x + bu.x, u.y + bu.y, u.z + bu.z, u.w + bu.w);
         }
-        __half2 lo = __halves2half2(__float2half(g.x / (1.0f + expf(-g.x)) * u.x),
-                __float2half(g.y / (1.0f + expf(-g.y)) * u.y));
-        __half2 hi = __halves2half2(__float2half(g.z / (1.0f + expf(-g.z)) * u.z),
-                __float2half(g.w / (1.0f + expf(-g.w)) * u.w));
+        __half2 lo = __halves2half2(__float2half(silu_mul(g.x, u.x)), __float2half(silu_mul(g.y, u.y)));
+        __half2 hi = __halves2half2(__float2half(silu_mul(g.z, u.z)), __float2half(silu_mul(g.w, u.w)));
         uint2 o;
         o.x = *reinterpret_cast<uint32_t *>(&lo);
         o.y = *reinterpret_cast<uint32_t *>(&hi);

@@ -79,6 +79,15 @@ __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, si
         return bias ? y + bias[col] : y;
 }
 
+/* silu(g) * u, as every SwiGLU on the device computes it (the GEMVs' epilogues and the
+ * swiglu kernels give the same bits). __fdividef (2 ulp, no branch) rather than the IEEE
+ * division, whose slow-path branch made each value of a GEMV's epilogue wait for the
+ * one before it. */
+__device__ __forceinline__ float silu_mul(float g, float u)
+{
+        return __fdividef(g, 1.0f + expf(-g)) * u;
+}
+
 /* x[m] = embed[token[m]] widened to float32; a token t < 0 is chain[-1 - t], an id the
  * step before sampled (chained steps, see cuda_submit). */
 void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
