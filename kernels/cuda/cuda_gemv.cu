@@ -183,12 +183,11 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int r = 0; r < 4; r++)
                                 red[warp][j][4 * h + r][lane] = c[j][h][r];
         __syncthreads();
-        /* every sum and SwiGLU first, then the stores that apply: the loads and arithmetic
-         * of all rows and columns overlap, where a test around each made the CTA's tail a
-         * chain of them */
         if (warp == 0 && a.hb) {
                 /* the CTA's tiles are gate tile tile0 / 2 and its up tile: a lane holds both
-                 * sums of its columns and rows (k_swiglu4's arithmetic from here) */
+                 * sums of its columns and rows (k_swiglu4's arithmetic from here). Every
+                 * SwiGLU first, then the stores that apply: their loads and arithmetic
+                 * overlap, where a test around each made the CTA's tail a chain of them. */
                 float hv[H][4];
 #pragma unroll
                 for (int h = 0; h < H; h++)
@@ -215,31 +214,24 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         }
         } else if (warp == 0) {
                 float *ys = a.y + blockIdx.y * a.slice_stride;
-                float v[AWQ_NT][H][4];
 #pragma unroll
-                for (int j = 0; j < AWQ_NT; j++)
+                for (int j = 0; j < AWQ_NT; j++) {
 #pragma unroll
                         for (int h = 0; h < H; h++)
 #pragma unroll
                                 for (int r = 0; r < 4; r++) {
-                                        v[j][h][r] = red[0][j][4 * h + r][lane];
+                                        float v = red[0][j][4 * h + r][lane];
 #pragma unroll
                                         for (int w = 1; w < KW; w++)
-                                                v[j][h][r] += red[w][j][4 * h + r][lane];
-                                }
-#pragma unroll
-                for (int j = 0; j < AWQ_NT; j++)
-#pragma unroll
-                        for (int h = 0; h < H; h++)
-#pragma unroll
-                                for (int r = 0; r < 4; r++) {
+                                                v += red[w][j][4 * h + r][lane];
                                         uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
                                         uint32_t i = 8 * h + 2 * t + r % 2;
                                         if (col < a.N && i < pr) {
                                                 uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
-                                                ys[(size_t) row * a.N + col] = v[j][h][r];
+                                                ys[(size_t) row * a.N + col] = v;
                                         }
                                 }
+                }
         }
         __syncthreads(); /* red is reused by the next pass */
 }
