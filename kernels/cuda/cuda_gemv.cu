@@ -209,7 +209,8 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                                 uint32_t i = 8 * h + 2 * t + r % 2;
                                 if (i < pr) {
                                         uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
-                                        a.hb[(size_t) row * (a.N / 2) + col] = __float2half(hv[h][r]);
+                                        a.hb[(size_t) row * (a.N / 2) + col] =
+                                                __float2half(hv[h][r]);
                                 }
                         }
         } else if (warp == 0) {

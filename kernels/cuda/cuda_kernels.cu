@@ -700,8 +700,10 @@ __global__ void k_swiglu4(const float *part, uint32_t splits, size_t slice_strid
                 g = make_float4(g.x + bg.x, g.y + bg.y, g.z + bg.z, g.w + bg.w);
                 u = make_float4(u.x + bu.x, u.y + bu.y, u.z + bu.z, u.w + bu.w);
         }
-        __half2 lo = __halves2half2(__float2half(silu_mul(g.x, u.x)), __float2half(silu_mul(g.y, u.y)));
-        __half2 hi = __halves2half2(__float2half(silu_mul(g.z, u.z)), __float2half(silu_mul(g.w, u.w)));
+        __half2 lo = __halves2half2(__float2half(silu_mul(g.x, u.x)),
+                __float2half(silu_mul(g.y, u.y)));
+        __half2 hi = __halves2half2(__float2half(silu_mul(g.z, u.z)),
+                __float2half(silu_mul(g.w, u.w)));
         uint2 o;
         o.x = *reinterpret_cast<uint32_t *>(&lo);
         o.y = *reinterpret_cast<uint32_t *>(&hi);
