@@ -1154,10 +1154,11 @@ static size_t capture_leaves(Backend *b, cudaGraphNode_t *deps)
 {
         cudaStreamCaptureStatus cs;
         const cudaGraphNode_t *d = NULL;
+        const cudaGraphEdgeData *ed = NULL;
         size_t n = 0;
 
         if (!b->pdl || b->lib_lost ||
-                cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, NULL, &n) != cudaSuccess ||
+                cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, &ed, &n) != cudaSuccess ||
                 cs != cudaStreamCaptureStatusActive)
                 return 0;
         if (n == 0 || n > LIB_DEPS) {
@@ -1182,14 +1183,16 @@ static void note_library_nodes(Backend *b, const cudaGraphNode_t *before, size_t
 {
         cudaStreamCaptureStatus cs;
         const cudaGraphNode_t *d = NULL;
+        const cudaGraphEdgeData *ed = NULL;
         size_t n = 0;
 
-        if (cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, NULL, &n) != cudaSuccess ||
+        if (cudaStreamGetCaptureInfo(b->st, &cs, NULL, NULL, &d, &ed, &n) != cudaSuccess ||
                 n > LIB_DEPS) {
                 b->lib_lost = true;
                 return;
         }
         cudaGraphNode_t todo[64];
+        cudaGraphEdgeData todo_ed[64];
         size_t n_todo = n;
         memcpy(todo, d, n * sizeof(*d));
         while (n_todo > 0 && !b->lib_lost) {
@@ -1214,7 +1217,7 @@ static void note_library_nodes(Backend *b, const cudaGraphNode_t *before, size_t
                 size_t nd = 0;
                 if (cudaGraphNodeGetDependencies(node, NULL, NULL, &nd) != cudaSuccess ||
                         n_todo + nd > sizeof(todo) / sizeof(todo[0]) ||
-                        cudaGraphNodeGetDependencies(node, todo + n_todo, NULL, &nd) !=
+                        cudaGraphNodeGetDependencies(node, todo + n_todo, todo_ed + n_todo, &nd) !=
                                 cudaSuccess) {
                         b->lib_lost = true;
                         break;
