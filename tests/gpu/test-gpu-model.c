@@ -148,9 +148,9 @@ int main(void)
                 {256, 256, 1, 4, 4, 64, 260, 128, true, BK_ROPE_YARN},
                 /* hidden 512: its steps of up to 4 rows take the integer GEMV */
                 {512, 384, 2, 8, 2, 128, 300, 128, false, BK_ROPE_DEFAULT},
-                /* a wide MLP: at 17 to 32 rows its down (K 16384) takes a cuBLAS kernel
-                 * whose graph edges carry edge data, which the capture's bookkeeping
-                 * queried without (cudaErrorLossyQuery: the step failed) */
+                /* a wide MLP: its graphs of 17 to 32 rows failed with cudaErrorLossyQuery
+                 * while the capture's bookkeeping queried cuBLAS's nodes without their
+                 * edge data (inferred: down's cuBLAS kernel at K 16384 has such edges) */
                 {512, 16384, 1, 8, 2, 64, 300, 128, true, BK_ROPE_DEFAULT},
         };
         double worst = 0;
