@@ -430,7 +430,8 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
  * lop3, two words one mma, and the zero comes off each chunk's integer sum: about 90
  * instructions a chunk, against k_gemv_awq's 126 (SASS, fifteenth session). B's column 2r
  * is row r's xh, column 2r + 1 its xl, so a lane (g, t) of the result holds row t's two
- * sums of columns g and g + 8, and 256 c_h + c_l is sum q X exactly. The chunk's term is then s_w s (sum q X - z sum X), in float32 from there.
+ * sums of columns g and g + 8, and 256 c_h + c_l is sum q X exactly. The chunk's term is
+ * then s_w s (sum q X - z sum X), in float32 from there.
  * Against k_gemv_awq's FP16 x (11 bits a value) X keeps 15 bits of the chunk's largest.
  *
  * Quantizing in the GEMV itself cost more than it saved: each of 7B gate|up's 1184 CTAs
