@@ -8,6 +8,9 @@ extern "C" {
 }
 #include "cuda_kernels.cuh"
 #include "cuda_ptx.cuh"
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
 
 /* Logical column j of a packed AWQ word is nibble AWQ_REV[j] (docs/formats.md); the
  * repack reads the checkpoint through it. */
@@ -101,6 +104,7 @@ struct AwqArgs {
         uint32_t group_magic; /* ceil(2^31 / (group size / 32)) */
         __half *hb; /* paired gate|up tiles, one slice: silu(gate) * up (rows, N / 2), not y */
         CuQx qx;    /* x quantized, for k_gemv_qx */
+        CuRopeKv rope; /* k_gemv_qx's rope epilogue (cu_gemv_qkv_rope) */
 };
 
 /* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
@@ -459,7 +463,65 @@ __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t sli
  * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
  * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
  * slice, was 9% faster (docs/PERF.md, fifteenth session). */
-template <bool XS>
+/* cu_gemv_qkv_rope's end of a CTA, in place of awq_store: its warps' sums meet in red in
+ * warp order, as there, and the cluster (the tile pair's K slices, by rank) adds the slices'
+ * sums in slice order, then the bias, as sum_part does. A lane's values of the pair's two
+ * tiles are columns col and col + hd / 2 of one head (cu_awq_rope_tiles), which the rope
+ * rotates into each other; the ranks share the (row, column) values. */
+static_assert(AWQ_KW * 32 == 128, "qkv_rope_store: a thread a (register, lane)");
+__device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4], uint32_t pr,
+        AwqRed *red)
+{
+        const CuRopeKv &rk = a.rope;
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                        red[warp][j][r][lane] = c[j][0][r];
+        /* thread u (of AWQ_KW * 32 = 128) takes lane u % 32's (row i, column col) of
+         * register r = u / 32, if its rank's: its angle while the CTAs meet */
+        uint32_t u = threadIdx.x, r = u / 32, g = u % 32 / 4, i = 2 * (u % 4) + r % 2;
+        uint32_t tph = rk.hd / 16, pair = blockIdx.x;
+        uint32_t col = (pair / (tph / 2) * tph + pair % (tph / 2)) * 16 + g + 8 * (r / 2);
+        float cs = 1.0f, sn = 0.0f;
+        if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads) {
+                sincosf((float) rk.pos[i] * rk.inv_freq[col % rk.hd], &sn, &cs);
+                cs *= rk.af;
+                sn *= rk.af;
+        }
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                        for (int q = 0; q < 4; q++) {
+                                float v = red[0][j][q][lane];
+#pragma unroll
+                                for (int w = 1; w < AWQ_KW; w++)
+                                        v += red[w][j][q][lane];
+                                red[0][j][q][lane] = v;
+                        }
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.sync();
+        uint32_t S = cluster.num_blocks();
+        if ((u / 4) % S == cluster.block_rank() && i < pr) {
+                float va = 0.0f, vb = 0.0f;
+                for (uint32_t q = 0; q < S; q++) {
+                        const AwqRed *rr = cluster.map_shared_rank(red, q);
+                        va += rr[0][0][r][u % 32];
+                        vb += rr[0][1][r][u % 32];
+                }
+                if (rk.bias) {
+                        va += rk.bias[col];
+                        vb += rk.bias[col + rk.hd / 2];
+                }
+                rope_kv_store(rk, i, col, va, vb, cs, sn);
+        }
+        cluster.sync(); /* the other CTAs have read this one's sums */
+}
+
+template <bool XS, bool ROPE = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
         __shared__ AwqRed red[AWQ_KW];
@@ -558,7 +620,10 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cs[j][0][2] = __shfl_sync(0xffffffffu, f[j][1], s0);
                 cs[j][0][3] = __shfl_sync(0xffffffffu, f[j][1], s1);
         }
-        awq_store<1>(a, cs, tile0, 0, pr, red);
+        if constexpr (ROPE)
+                qkv_rope_store(a, cs, pr, red);
+        else
+                awq_store<1>(a, cs, tile0, 0, pr, red);
 }
 
 /* HI: passes of 16 rows, else of 8. */
@@ -571,7 +636,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
                 l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb,
-                qx ? *qx : CuQx{}};
+                qx ? *qx : CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
@@ -790,7 +855,7 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb, CuQx{}};
+                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb, CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         bool few = (size_t) grid.x * grid.y * grid.z <= experts_few_wave(g64) &&
@@ -1185,27 +1250,63 @@ void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32
         gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb, qx);
 }
 
+bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
+        const CuRopeKv *rk)
+{
+        /* a cluster is at most 8 CTAs where no opt-in asks for more */
+        if (!l->awq || l->rope_tph == 0 || l->rope_tph != rk->hd / 16 || !qx || rows == 0 ||
+                rows > QX_ROWS || l->splits > 8 || l->group_size % AWQ_KC != 0 ||
+                (size_t) qx->chunks * AWQ_KC != l->in)
+                return false;
+        uint32_t d = l->group_size / 32;
+        AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, rows, 1, l->in, NULL, NULL, 0, l->in,
+                l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->splits,
+                (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), NULL, *qx, *rk};
+        uint32_t slice = div_up(a.chunks, a.splits);
+        size_t qs = qx_xs_bytes(rows, slice);
+        bool xs = slice >= 32 && qs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = l->splits;
+        at[0].val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(a.tiles / AWQ_NT, l->splits, 1);
+        cfg.blockDim = dim3(AWQ_KW * 32);
+        cfg.dynamicSmemBytes = xs ? qs : 0;
+        cfg.stream = st;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        /* a failed launch is the step's error, as for the <<<>>> launches */
+        cudaLaunchKernelEx(&cfg, xs ? k_gemv_qx<true, true> : k_gemv_qx<false, true>, a);
+        return true;
+}
+
 /* One thread per 16-byte unit or scale record of the paired layout, read from the
  * unpaired copy in tmp. */
+/* One thread per 16-byte unit or scale record of the paired layout, read from the
+ * unpaired copy in tmp: physical tile p holds logical tile i of span p / span (span / 2
+ * pairs a span), where p / 2 is pair i % (span / 2) of its span and p % 2 its half. */
 __global__ void k_awq_pair_tiles(const uint4 *qw_in, const uint2 *sz_in, uint32_t tiles,
-        uint32_t chunks, uint32_t groups, uint4 *qw, uint2 *sz)
+        uint32_t chunks, uint32_t groups, uint32_t span, uint4 *qw, uint2 *sz)
 {
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         size_t units = (size_t) tiles * chunks * 32, recs = (size_t) groups * tiles * 8;
-        /* physical tile p holds logical tile p / 2 (gate) or tiles / 2 + p / 2 (up) */
+        uint32_t half = span / 2;
         if (u < units) {
                 uint32_t lane = u % 32, ch = (u / 32) % chunks, p = (uint32_t) (u / 32 / chunks);
-                uint32_t lt = p / 2 + (p % 2) * (tiles / 2);
+                uint32_t lt = p / 2 / half * span + p / 2 % half + (p % 2) * half;
                 qw[awq_unit(p, ch, chunks) * 32 + lane] = qw_in[awq_unit(lt, ch, chunks) * 32 + lane];
         } else if (u < units + recs) {
                 size_t v = u - units;
                 uint32_t g = v % 8, p = (uint32_t) (v / 8 % tiles), gi = (uint32_t) (v / 8 / tiles);
-                uint32_t lt = p / 2 + (p % 2) * (tiles / 2);
+                uint32_t lt = p / 2 / half * span + p / 2 % half + (p % 2) * half;
                 sz[((size_t) gi * tiles + p) * 8 + g] = sz_in[((size_t) gi * tiles + lt) * 8 + g];
         }
 }
 
-cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp)
+/* l's tiles paired by halves of spans of span tiles, through tmp. */
+static cudaError_t awq_pair(cudaStream_t st, CuLinear *l, void *tmp, uint32_t span)
 {
         size_t qb, zb;
         cu_awq_sizes(l->in, l->out, l->group_size, &qb, &zb);
@@ -1218,10 +1319,26 @@ cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp)
                 return e;
         size_t n = (size_t) tiles * chunks * 32 + (size_t) groups * tiles * 8;
         k_awq_pair_tiles<<<(unsigned) ((n + 255) / 256), 256, 0, st>>>((const uint4 *) tmp,
-                (const uint2 *) ((char *) tmp + qb), tiles, chunks, groups, l->qw, (uint2 *) l->sz);
-        e = cudaGetLastError();
+                (const uint2 *) ((char *) tmp + qb), tiles, chunks, groups,
+                span ? span : tiles, l->qw, (uint2 *) l->sz);
+        return cudaGetLastError();
+}
+
+cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp)
+{
+        cudaError_t e = awq_pair(st, l, tmp, 0);
         if (e == cudaSuccess)
                 l->pairs = true;
+        return e;
+}
+
+cudaError_t cu_awq_rope_tiles(cudaStream_t st, CuLinear *l, void *tmp, uint32_t tph)
+{
+        if (tph < 2 || tph % 2 != 0 || awq_tiles(l->out) % tph != 0)
+                return cudaErrorInvalidValue;
+        cudaError_t e = awq_pair(st, l, tmp, tph);
+        if (e == cudaSuccess)
+                l->rope_tph = tph;
         return e;
 }
 

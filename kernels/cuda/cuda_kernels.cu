@@ -603,53 +603,35 @@ out:
  * v. Thread i rotates the pair (i, i + head_dim/2) of a q or k head, or copies elements i
  * and i + head_dim/2 of a v head into the cache. */
 __global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_stride,
-        const float *__restrict__ bias, const uint32_t *pos, const uint32_t *slot,
-        const float *inv_freq, float af, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd,
-        float *q_out, __half *k_cache, __half *v_cache)
+        uint32_t tph, const CuRopeKv rk)
 {
-        uint32_t r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, half = hd / 2;
-        uint32_t q_dim = n_heads * hd, kv_dim = n_kv_heads * hd, n = q_dim + 2 * kv_dim;
+        uint32_t r = blockIdx.x, h = blockIdx.y, i = threadIdx.x, hd = rk.hd, half = hd / 2;
+        uint32_t q_dim = rk.n_heads * hd, kv_dim = rk.n_kv_heads * hd, n = q_dim + 2 * kv_dim;
         uint32_t col = h * hd + i;
         size_t row = (size_t) r * n;
-        size_t kv_at = (size_t) slot[r] * kv_dim;
+        uint32_t pa = tph ? paired_col(col, tph) : col;
+        uint32_t pb = tph ? paired_col(col + half, tph) : col + half;
         /* the angle comes from the step's constants: computed before the wait (the empty
          * asm keeps the compiler from moving it after), it is off the path */
         float c = 1.0f, sn = 0.0f;
-        if (h < n_heads + n_kv_heads) {
-                sincosf((float) pos[r] * inv_freq[i], &sn, &c);
-                c *= af;
-                sn *= af;
+        if (h < rk.n_heads + rk.n_kv_heads) {
+                sincosf((float) rk.pos[r] * rk.inv_freq[i], &sn, &c);
+                c *= rk.af;
+                sn *= rk.af;
         }
         asm volatile("" : "+f"(c), "+f"(sn));
         pdl_wait();
         pdl_trigger();
-        float a = sum_part(part, splits, slice_stride, row + col, bias, col);
-        float b = sum_part(part, splits, slice_stride, row + col + half, bias, col + half);
-
-        if (h >= n_heads + n_kv_heads) {
-                v_cache[kv_at + col - q_dim - kv_dim] = __float2half(a);
-                v_cache[kv_at + col + half - q_dim - kv_dim] = __float2half(b);
-                return;
-        }
-        float ra = a * c - b * sn, rb = b * c + a * sn;
-        if (h < n_heads) {
-                q_out[(size_t) r * q_dim + col] = ra;
-                q_out[(size_t) r * q_dim + col + half] = rb;
-        } else {
-                k_cache[kv_at + col - q_dim] = __float2half(ra);
-                k_cache[kv_at + col + half - q_dim] = __float2half(rb);
-        }
+        float a = sum_part(part, splits, slice_stride, row + pa, rk.bias, col);
+        float b = sum_part(part, splits, slice_stride, row + pb, rk.bias, col + half);
+        rope_kv_store(rk, r, col, a, b, c, sn);
 }
 
 void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, CuMeta meta, uint32_t rows, const float *inv_freq,
-        float attention_factor, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
-        float *q_out, __half *k_cache, __half *v_cache)
+        uint32_t rows, uint32_t tph, const CuRopeKv *rk)
 {
-        dim3 grid(rows, n_heads + 2 * n_kv_heads);
-        k_rope_kv<<<grid, head_dim / 2, 0, st>>>(part, splits, slice_stride, bias, meta.pos,
-                meta.slot, inv_freq, attention_factor, n_heads, n_kv_heads, head_dim, q_out,
-                k_cache, v_cache);
+        dim3 grid(rows, rk->n_heads + 2 * rk->n_kv_heads);
+        k_rope_kv<<<grid, rk->hd / 2, 0, st>>>(part, splits, slice_stride, tph, *rk);
 }
 
 __global__ void k_swiglu(const float *part, uint32_t splits, size_t slice_stride,

@@ -47,6 +47,7 @@ typedef struct CuLinear {
         uint32_t group_size; /* awq */
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
         bool pairs;          /* awq gate|up: tiles in (gate, up) pairs, see cu_awq_pair_tiles */
+        uint32_t rope_tph;   /* awq q|k|v: tiles a head, its halves paired (cu_awq_rope_tiles); 0: not */
         uint4 *qw;           /* awq: (ceil(N/16), ceil(K/64), 32) 16-byte units, see cuda_gemv.cu */
         __half2 *sz;         /* awq: scales and zeros per (group, column), see cuda_gemv.cu */
         __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
@@ -133,13 +134,57 @@ void cu_quantize_x(cudaStream_t st, const __half *x, uint32_t ldx, uint32_t rows
  * expert's threads. */
 bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed);
 
+/* Physical column of logical column c of a linear whose tiles are paired by halves of
+ * spans of tph tiles (cu_awq_rope_tiles; cu_awq_pair_tiles is one span of all the tiles):
+ * tile i < tph / 2 of a span and tile i + tph / 2 are physical tiles 2 (span tph / 2 + i)
+ * and the one after it. */
+__host__ __device__ __forceinline__ uint32_t paired_col(uint32_t c, uint32_t tph)
+{
+        uint32_t t = c / 16, half = tph / 2, span = t / tph, i = t % tph;
+        return (2 * (span * half + i % half) + (i >= half)) * 16 + c % 16;
+}
+
+/* Where the rotated q and the new k and v of a step go: the rope's inputs and outputs
+ * (k_rope_kv, or the q|k|v GEMV's epilogue, cu_gemv_qkv_rope). */
+typedef struct CuRopeKv {
+        const float *bias; /* (n) or NULL, by logical column */
+        const uint32_t *pos, *slot;
+        const float *inv_freq;
+        float af;
+        uint32_t n_heads, n_kv_heads, hd;
+        float *q_out; /* (rows, n_heads * hd) */
+        __half *k_cache, *v_cache;
+} CuRopeKv;
+
+/* Row r's logical columns col (of the first half of a head) and col + hd / 2 of q|k|v,
+ * summed (a, b), into their places: rotated by (c, sn) into q_out or the k cache, or as they
+ * are into the v cache. */
+__device__ __forceinline__ void rope_kv_store(const CuRopeKv &rk, uint32_t r, uint32_t col,
+        float a, float b, float c, float sn)
+{
+        uint32_t hd = rk.hd, half = hd / 2, h = col / hd;
+        uint32_t q_dim = rk.n_heads * hd, kv_dim = rk.n_kv_heads * hd;
+        size_t kv_at = (size_t) rk.slot[r] * kv_dim;
+        if (h >= rk.n_heads + rk.n_kv_heads) {
+                rk.v_cache[kv_at + col - q_dim - kv_dim] = __float2half(a);
+                rk.v_cache[kv_at + col + half - q_dim - kv_dim] = __float2half(b);
+                return;
+        }
+        float ra = a * c - b * sn, rb = b * c + a * sn;
+        if (h < rk.n_heads) {
+                rk.q_out[(size_t) r * q_dim + col] = ra;
+                rk.q_out[(size_t) r * q_dim + col + half] = rb;
+        } else {
+                rk.k_cache[kv_at + col - q_dim] = __float2half(ra);
+                rk.k_cache[kv_at + col + half - q_dim] = __float2half(rb);
+        }
+}
+
 /* Sums the fused q|k|v partials plus bias, rotates q and k (rotate-half), writes q to
  * q_out (rows, n_heads*head_dim) and k, v as FP16 into the layer's cache at each row's
- * slot. */
+ * slot. tph: the linear's rope_tph, by which its columns are paired (0: not). */
 void cu_rope_kv(cudaStream_t st, const float *part, uint32_t splits, size_t slice_stride,
-        const float *bias, CuMeta meta, uint32_t rows, const float *inv_freq,
-        float attention_factor, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
-        float *q_out, __half *k_cache, __half *v_cache);
+        uint32_t rows, uint32_t tph, const CuRopeKv *rk);
 
 /* Attention partials: one block per (work item, KV head), or per (work item, half of a KV
  * head's query heads) with head_split 2 where the group size is compiled for (2, 4..8);
@@ -222,6 +267,20 @@ void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32
  * column c is then physical column c / 16 * 32 + c % 16 and up column c 16 after it, in
  * every path (the GEMVs, the FP16 copy, the dequantization). */
 cudaError_t cu_awq_pair_tiles(cudaStream_t st, CuLinear *l, void *tmp);
+
+/* Reorders the tiles of a q|k|v linear l of heads of tph tiles (tph even, dividing l's
+ * tiles) so that tile i and tile i + tph / 2 of a head, the halves that the rope rotates
+ * into each other, are one CTA's pair (see paired_col), and sets l->rope_tph unless it
+ * fails; tmp as for cu_awq_pair_tiles. */
+cudaError_t cu_awq_rope_tiles(cudaStream_t st, CuLinear *l, void *tmp, uint32_t tph);
+
+/* The q|k|v GEMV ending in the rope (cu_rope_kv's arithmetic) for x (rows) quantized in
+ * qx, where l's tiles are paired for it: its K slices run as one cluster a tile pair,
+ * whose CTAs sum the slices through distributed shared memory in slice order, one launch
+ * fewer a layer. Returns false, launching nothing, where it does not apply (then
+ * cu_gemv and cu_rope_kv). */
+bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
+        const CuRopeKv *rk);
 
 /* MoE: matrices of one shape, one per expert. l describes expert 0 (in, out, group_size,
  * splits, qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4
