@@ -484,7 +484,11 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         uint32_t u = threadIdx.x, r = u / 32, g = u % 32 / 4, i = 2 * (u % 4) + r % 2;
         uint32_t tph = rk.hd / 16, pair = blockIdx.x;
         uint32_t col = (pair / (tph / 2) * tph + pair % (tph / 2)) * 16 + g + 8 * (r / 2);
-        float cs = 1.0f, sn = 0.0f;
+        float cs = 1.0f, sn = 0.0f, ba = 0.0f, bb = 0.0f;
+        if (i < pr && rk.bias) {
+                ba = rk.bias[col];
+                bb = rk.bias[col + rk.hd / 2];
+        }
         if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads) {
                 sincosf((float) rk.pos[i] * rk.inv_freq[col % rk.hd], &sn, &cs);
                 cs *= rk.af;
@@ -505,20 +509,25 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         cg::cluster_group cluster = cg::this_cluster();
         cluster.sync();
         uint32_t S = cluster.num_blocks();
-        if ((u / 4) % S == cluster.block_rank() && i < pr) {
-                float va = 0.0f, vb = 0.0f;
+        bool mine = (u / 4) % S == cluster.block_rank() && i < pr;
+        float va = 0.0f, vb = 0.0f;
+        if (mine)
                 for (uint32_t q = 0; q < S; q++) {
                         const AwqRed *rr = cluster.map_shared_rank(red, q);
                         va += rr[0][0][r][u % 32];
                         vb += rr[0][1][r][u % 32];
                 }
+        /* done with the other CTAs' sums: they may leave once every CTA says so, while
+         * this one stores */
+        cluster.barrier_arrive();
+        if (mine) {
                 if (rk.bias) {
-                        va += rk.bias[col];
-                        vb += rk.bias[col + rk.hd / 2];
+                        va += ba;
+                        vb += bb;
                 }
                 rope_kv_store(rk, i, col, va, vb, cs, sn);
         }
-        cluster.sync(); /* the other CTAs have read this one's sums */
+        cluster.barrier_wait();
 }
 
 template <bool XS, bool ROPE = false>
