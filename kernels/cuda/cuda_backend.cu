@@ -1299,6 +1299,22 @@ static bool sms_to_spare(const Backend *b, uint32_t att_grid, bool own, uint32_t
         return own && att_grid * per_item <= 2 * (uint32_t) b->n_sm;
 }
 
+/* The q, k, v projections of the rows from b->xn, rope on q and k, q into b->q and k and v
+ * into the layer's cache kc, vc: in the GEMV's end where it can and fuse allows (7B batch 1
+ * 0.8% faster, 32B 1.1%; docs/PERF.md, eighteenth session). Returns whether it did. */
+static bool qkv_rope(Backend *b, const CuLinear *qkv, uint32_t rows, bool fuse, __half *kc,
+        __half *vc)
+{
+        const BkConfig *c = &b->cfg;
+        CuRopeKv rk = {qkv->bias, b->meta.pos, b->meta.slot, b->inv_freq, b->attention_factor,
+                c->n_heads, c->n_kv_heads, c->head_dim, b->q, kc, vc};
+        if (fuse && cu_gemv_qkv_rope(b->st, qkv, rows, xn_quantized(b, b->xn), &rk))
+                return true;
+        uint32_t s = linear(b, qkv, b->xn, rows, b->part);
+        cu_rope_kv(b->st, b->part, s, (size_t) rows * qkv->out, rows, qkv->rope_tph, &rk);
+        return false;
+}
+
 /* Grouped-query attention (Llama, Qwen2) of the rows from b->xn into b->att. */
 static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
         uint32_t att_grid, bool att_own, bool att_small)
@@ -1308,15 +1324,7 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
         size_t layer_kv = (size_t) (b->n_blocks + 1) * b->block_tokens * kv_dim(c);
         __half *kc = b->kc + l * layer_kv, *vc = b->vc + l * layer_kv;
 
-        /* q, k, v projections; rope on q and k, then k and v into the cache: in the GEMV's
-         * end where it can (7B batch 1 x% faster, 32B y%; docs/PERF.md, eighteenth session) */
-        CuRopeKv rk = {L->qkv.bias, b->meta.pos, b->meta.slot, b->inv_freq, b->attention_factor,
-                c->n_heads, c->n_kv_heads, hd, b->q, kc, vc};
-        if (!cu_gemv_qkv_rope(b->st, &L->qkv, rows, xn_quantized(b, b->xn), &rk)) {
-                uint32_t s = linear(b, &L->qkv, b->xn, rows, b->part);
-                cu_rope_kv(b->st, b->part, s, (size_t) rows * L->qkv.out, rows, L->qkv.rope_tph,
-                        &rk);
-        }
+        qkv_rope(b, &L->qkv, rows, true, kc, vc);
 
         /* causal grouped-query attention over the cache: items (none in a tile of prefill
          * chunks only), then the prefill chunks' rows */
@@ -2674,6 +2682,100 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         free(yh);
         dfree(xd);
         dfree(yd);
+        linear_free(&d);
+        cuda_free(b);
+        return r;
+}
+
+extern "C" int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
+        uint32_t hd, const float *inv_freq, const float *x, const uint32_t *pos, uint32_t rows,
+        bool fuse, float *q, float *k, float *v, bool *paired, bool *fused, DsError *err)
+{
+        Backend *b = NULL;
+        CuLinear d = {};
+        float *xd = NULL;
+        uint32_t *pd = NULL;
+        __half *kc = NULL, *vc = NULL;
+        size_t K = l->in, qd = (size_t) n_heads * hd, kvd = (size_t) n_kv_heads * hd;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        b->cfg.n_heads = n_heads;
+        b->cfg.n_kv_heads = n_kv_heads;
+        b->cfg.head_dim = hd;
+        b->attention_factor = 1.0f;
+        const BkLinear *parts[] = {l};
+        r = upload_linear(b, parts, 1, true, &d, "test qkv", err);
+        if (r == 0)
+                r = pair_qkv_rope(b, &d, "test qkv", err);
+        *paired = d.rope_tph != 0;
+        *fused = false;
+        if (r == 0)
+                r = dalloc((void **) &xd, rows * K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &b->part, (size_t) MAX(rows, GEMV_MAX_ROWS) * d.splits * l->out * 4,
+                        "part", err);
+        if (r == 0 && d.awq)
+                r = dalloc((void **) &b->w16, l->out * K * 2, "w16", err);
+        if (r == 0)
+                r = dalloc((void **) &b->q, rows * qd * 4, "q", err);
+        if (r == 0)
+                r = dalloc((void **) &kc, rows * kvd * 2, "k", err);
+        if (r == 0)
+                r = dalloc((void **) &vc, rows * kvd * 2, "v", err);
+        if (r == 0)
+                r = dalloc((void **) &b->inv_freq, hd / 2 * 4, "inv_freq", err);
+        if (r == 0)
+                r = dalloc((void **) &pd, 2 * rows * 4, "positions", err);
+        uint32_t *pm = (uint32_t *) calloc(2 * rows, 4); /* positions, then slots */
+        uint16_t *kh = (uint16_t *) calloc(2 * rows * kvd, 2);
+        if (r == 0 && (!pm || !kh))
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                for (uint32_t i = 0; i < rows; i++) {
+                        pm[i] = pos[i];
+                        pm[rows + i] = i;
+                }
+                b->meta.pos = pd;
+                b->meta.slot = pd + rows;
+                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
+                        b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(pd, pm, 2 * rows * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(b->inv_freq, inv_freq, hd / 2 * 4,
+                                cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess) {
+                        cu_to_half(b->st, xd, b->xn, rows * K);
+                        r = test_quantize(b, rows, K, err);
+                        if (r == 0)
+                                *fused = qkv_rope(b, &d, rows, fuse, kc, vc);
+                        e = cudaGetLastError();
+                }
+                if (e == cudaSuccess)
+                        e = cudaStreamSynchronize(b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(q, b->q, rows * qd * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(kh, kc, rows * kvd * 2, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(kh + rows * kvd, vc, rows * kvd * 2, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        for (size_t i = 0; i < rows * kvd; i++) {
+                                k[i] = f16_to_f32(kh[i]);
+                                v[i] = f16_to_f32(kh[rows * kvd + i]);
+                        }
+                if (e != cudaSuccess && r == 0)
+                        r = cuda_fail(err, e, "test qkv rope");
+        }
+        free(pm);
+        free(kh);
+        dfree(xd);
+        dfree(pd);
+        dfree(kc);
+        dfree(vc);
         linear_free(&d);
         cuda_free(b);
         return r;

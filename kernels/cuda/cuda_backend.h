@@ -31,6 +31,15 @@ int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,
 int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x, uint32_t rows,
         float *h, bool *paired, bool *fused, DsError *err);
 
+/* Test hook: a GQA layer's q|k|v linear l (n_heads + 2 n_kv_heads heads of hd) of the rows
+ * of x, rotated at positions pos with inv_freq (hd / 2), as a step of rows rows runs it on
+ * a fresh device copy of l: q (rows, n_heads hd), and k and v (rows, n_kv_heads hd) as the
+ * cache holds them. *paired: whether l's tiles were paired for the rope
+ * (cu_awq_rope_tiles); *fused: whether the GEMV ended in the rope, which fuse allows. */
+int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads, uint32_t hd,
+        const float *inv_freq, const float *x, const uint32_t *pos, uint32_t rows, bool fuse,
+        float *q, float *k, float *v, bool *paired, bool *fused, DsError *err);
+
 /* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
  * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of

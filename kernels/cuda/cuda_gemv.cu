@@ -459,16 +459,13 @@ __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t sli
         return (size_t) rows * slice_chunks * (128 + sizeof(float2));
 }
 
-/* XS: the CTA first copies its slice of the quantized rows into shared memory, as
- * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
- * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
- * slice, was 9% faster (docs/PERF.md, fifteenth session). */
 /* cu_gemv_qkv_rope's end of a CTA, in place of awq_store: its warps' sums meet in red in
  * warp order, as there, and the cluster (the tile pair's K slices, by rank) adds the slices'
  * sums in slice order, then the bias, as sum_part does. A lane's values of the pair's two
  * tiles are columns col and col + hd / 2 of one head (cu_awq_rope_tiles), which the rope
  * rotates into each other; the ranks share the (row, column) values. */
 static_assert(AWQ_KW * 32 == 128, "qkv_rope_store: a thread a (register, lane)");
+
 __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4], uint32_t pr,
         AwqRed *red)
 {
@@ -530,6 +527,10 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         cluster.barrier_wait();
 }
 
+/* XS: the CTA first copies its slice of the quantized rows into shared memory, as
+ * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
+ * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
+ * slice, was 9% faster (docs/PERF.md, fifteenth session). */
 template <bool XS, bool ROPE = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {

@@ -2,8 +2,9 @@
 /* The CUDA linear paths against cpu_linear on random weights and inputs: the INT4 GEMV
  * (1..16 rows, in passes of 8; at 1 and 2 rows over long K slices with x in shared
  * memory), the dequantize + cuBLAS path (more rows), and the dense
- * FP16 paths, on shapes that are not multiples of the kernels' tiles; and a dense MLP's
- * gate|up with silu(gate) * up, which the GEMV of paired tiles ends in. Up to 4 rows, with
+ * FP16 paths, on shapes that are not multiples of the kernels' tiles; a dense MLP's
+ * gate|up with silu(gate) * up, which the GEMV of paired tiles ends in; and a GQA layer's
+ * q|k|v with the rope, which the GEMV ends in up to 4 rows. Up to 4 rows, with
  * groups of whole chunks, the INT4 GEMV is the integer one (x quantized to 16 bits a chunk
  * of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on the cuBLAS path the
  * weights, to FP16). */
@@ -76,6 +77,74 @@ static double check_gate_up(
         return e;
 }
 
+/* A GQA layer's q|k|v (heads of hd, H query and KV key/value heads) with bias, then the
+ * rope, against cpu_linear and the rotation written out here: up to 4 rows (x quantized)
+ * the GEMV ends in it, and gives the same bits as the GEMV's partials through the rope
+ * kernel; above, the rope kernel reads the partials in the paired order. */
+static double check_qkv_rope(uint32_t in, uint32_t H, uint32_t KV, uint32_t hd, uint32_t rows)
+{
+        DsError err = {0};
+        uint32_t N = (H + 2 * KV) * hd, qd = H * hd, kvd = KV * hd;
+        BkLinear l = rnd_linear(true, in, N, 128, true, BK_DT_F16);
+        float *x = rnd_f32((size_t) rows * in, -2.0f, 2.0f);
+        float *y = (float *) rnd_alloc((size_t) rows * N * 4);
+        float *want = (float *) rnd_alloc((size_t) rows * N * 4);
+        float *got[2], inv_freq[64];
+        float *scratch = (float *) rnd_alloc(cpu_linear_scratch_size(&l) * 4);
+        uint32_t pos[16];
+        bool paired = false, fused[2] = {false, false};
+
+        for (uint32_t i = 0; i < hd / 2; i++)
+                inv_freq[i] = powf(10000.0f, -2.0f * (float) i / (float) hd);
+        for (uint32_t r = 0; r < rows; r++)
+                pos[r] = rnd_u32() % 4096;
+        /* want: q, then k, then v, each (rows, heads * hd) */
+        cpu_linear(&l, x, rows, y, scratch, NULL);
+        for (uint32_t r = 0; r < rows; r++)
+                for (uint32_t h = 0; h < H + 2 * KV; h++)
+                        for (uint32_t i = 0; i < hd / 2; i++) {
+                                const float *yr = y + (size_t) r * N + h * hd;
+                                float a = yr[i], b = yr[i + hd / 2], c = 1.0f, sn = 0.0f;
+                                if (h < H + KV) {
+                                        c = cosf((float) pos[r] * inv_freq[i]);
+                                        sn = sinf((float) pos[r] * inv_freq[i]);
+                                }
+                                float *o = want + (size_t) r * qd + h * hd;
+                                if (h >= H + KV)
+                                        o = want + (size_t) rows * (qd + kvd) + (size_t) r * kvd +
+                                            (h - H - KV) * hd;
+                                else if (h >= H)
+                                        o = want + (size_t) rows * qd + (size_t) r * kvd +
+                                            (h - H) * hd;
+                                o[i] = a * c - b * sn;
+                                o[i + hd / 2] = b * c + a * sn;
+                        }
+        for (int f = 0; f < 2; f++) {
+                got[f] = (float *) rnd_alloc((size_t) rows * N * 4);
+                for (size_t i = 0; i < (size_t) rows * N; i++)
+                        got[f][i] = NAN;
+                CHECK(cuda_test_qkv_rope(&l, H, KV, hd, inv_freq, x, pos, rows, f == 1, got[f],
+                              got[f] + (size_t) rows * qd, got[f] + (size_t) rows * (qd + kvd),
+                              &paired, &fused[f], &err) == 0,
+                        "%s", err.msg);
+                CHECK(paired, "qkv %u->%u: tiles not paired for the rope", in, N);
+        }
+        CHECK(!fused[0], "qkv rows %u: fused where it was not allowed", rows);
+        CHECK(fused[1] == (rows <= 4), "qkv %u->%u rows %u: fused %d", in, N, rows, fused[1]);
+        CHECK(memcmp(got[0], got[1], (size_t) rows * N * 4) == 0,
+                "qkv %u->%u rows %u: the fused rope's bits differ from the rope kernel's", in, N,
+                rows);
+        double e = rel_err(got[1], want, (size_t) rows * N);
+        CHECK(e < TOL, "qkv rope %u->%u hd %u rows %u: relative error %.3g", in, N, hd, rows, e);
+        free(x);
+        free(y);
+        free(want);
+        free(got[0]);
+        free(got[1]);
+        free(scratch);
+        return e;
+}
+
 int main(void)
 {
         static const struct {
@@ -116,6 +185,14 @@ int main(void)
                 worst = fmax(worst, check_gate_up(1216, 528, 64, rows[r], true, false));
                 worst = fmax(worst, check_gate_up(384, 200, 32, rows[r], false, false));
         }
+        /* q|k|v with the rope: 7B's shape (4 slices, the cluster of 4), head_dims 64 and 32,
+         * and a K of 20 chunks (slices of 5 and 4 chunks) */
+        for (uint32_t r = 1; r <= 5; r++) {
+                worst = fmax(worst, check_qkv_rope(3584, 28, 4, 128, r));
+                worst = fmax(worst, check_qkv_rope(512, 8, 2, 64, r));
+                worst = fmax(worst, check_qkv_rope(1280, 4, 2, 32, r));
+        }
+        worst = fmax(worst, check_qkv_rope(3584, 28, 4, 128, 16));
         printf("linear: worst relative error %.3g (tolerance %g)\n", worst, TOL);
         return 0;
 }
