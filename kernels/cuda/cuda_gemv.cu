@@ -486,11 +486,8 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
                 ba = rk.bias[col];
                 bb = rk.bias[col + rk.hd / 2];
         }
-        if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads) {
-                sincosf((float) rk.pos[i] * rk.inv_freq[col % rk.hd], &sn, &cs);
-                cs *= rk.af;
-                sn *= rk.af;
-        }
+        if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads)
+                rope_angle(rk.pos[i], rk.inv_freq[col % rk.hd], rk.af, &cs, &sn);
         __syncthreads();
         if (warp == 0)
 #pragma unroll

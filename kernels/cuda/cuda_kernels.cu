@@ -614,11 +614,8 @@ __global__ void k_rope_kv(const float *part, uint32_t splits, size_t slice_strid
         /* the angle comes from the step's constants: computed before the wait (the empty
          * asm keeps the compiler from moving it after), it is off the path */
         float c = 1.0f, sn = 0.0f;
-        if (h < rk.n_heads + rk.n_kv_heads) {
-                sincosf((float) rk.pos[r] * rk.inv_freq[i], &sn, &c);
-                c *= rk.af;
-                sn *= rk.af;
-        }
+        if (h < rk.n_heads + rk.n_kv_heads)
+                rope_angle(rk.pos[r], rk.inv_freq[i], rk.af, &c, &sn);
         asm volatile("" : "+f"(c), "+f"(sn));
         pdl_wait();
         pdl_trigger();

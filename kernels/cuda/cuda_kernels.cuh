@@ -156,6 +156,17 @@ typedef struct CuRopeKv {
         __half *k_cache, *v_cache;
 } CuRopeKv;
 
+/* The rotation (c, sn) of position pos at frequency f, times af. Here and in rope_kv_store
+ * every rounding is explicit: ptxas may fuse a plain multiply and add into an fma, and
+ * did so differently in the q|k|v GEMV's epilogue than in k_rope_kv, whose bits it must
+ * give (test-gpu-linear). */
+__device__ __forceinline__ void rope_angle(uint32_t pos, float f, float af, float *c, float *sn)
+{
+        sincosf(__fmul_rn((float) pos, f), sn, c);
+        *c = __fmul_rn(*c, af);
+        *sn = __fmul_rn(*sn, af);
+}
+
 /* Row r's logical columns col (of the first half of a head) and col + hd / 2 of q|k|v,
  * summed (a, b), into their places: rotated by (c, sn) into q_out or the k cache, or as they
  * are into the v cache. */
@@ -170,7 +181,8 @@ __device__ __forceinline__ void rope_kv_store(const CuRopeKv &rk, uint32_t r, ui
                 rk.v_cache[kv_at + col + half - q_dim - kv_dim] = __float2half(b);
                 return;
         }
-        float ra = a * c - b * sn, rb = b * c + a * sn;
+        float ra = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+        float rb = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn));
         if (h < rk.n_heads) {
                 rk.q_out[(size_t) r * q_dim + col] = ra;
                 rk.q_out[(size_t) r * q_dim + col + half] = rb;
