@@ -2572,6 +2572,26 @@ static int test_quantize(Backend *b, uint32_t rows, uint32_t K, DsError *err)
         return r;
 }
 
+/* Tests: the host's x (rows, K) into b->xn as FP16 through xd, on the kernels' stream (it
+ * does not wait for the legacy one), and quantized where the integer GEMV applies. */
+static int test_input(Backend *b, float *xd, const float *x, uint32_t rows, uint32_t K,
+        DsError *err)
+{
+        cudaError_t e = cudaMemcpyAsync(xd, x, (size_t) rows * K * 4, cudaMemcpyHostToDevice,
+                b->st);
+        if (e != cudaSuccess)
+                return cuda_fail(err, e, "test input");
+        cu_to_half(b->st, xd, b->xn, (size_t) rows * K);
+        return test_quantize(b, rows, K, err);
+}
+
+/* Tests: the launches' error, else the stream's once it has run them. */
+static cudaError_t test_sync(Backend *b)
+{
+        cudaError_t e = cudaGetLastError();
+        return e == cudaSuccess ? cudaStreamSynchronize(b->st) : e;
+}
+
 extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x,
         uint32_t rows, float *h, bool *paired, bool *fused, DsError *err)
 {
@@ -2602,24 +2622,17 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
         uint16_t *hh = (uint16_t *) calloc(rows * I, 2);
         if (r == 0 && !hh)
                 r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0)
+                r = test_input(b, xd, x, rows, K, err);
         if (r == 0) {
-                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
-                        b->st);
-                if (e == cudaSuccess) {
-                        cu_to_half(b->st, xd, b->xn, rows * K);
-                        r = test_quantize(b, rows, K, err);
-                        if (r == 0)
-                                *fused = mlp_gate_up(b, &gu, rows);
-                        e = cudaGetLastError();
-                }
-                if (e == cudaSuccess)
-                        e = cudaStreamSynchronize(b->st);
+                *fused = mlp_gate_up(b, &gu, rows);
+                cudaError_t e = test_sync(b);
                 if (e == cudaSuccess)
                         e = cudaMemcpy(hh, b->hb, rows * I * 2, cudaMemcpyDeviceToHost);
                 if (e == cudaSuccess)
                         for (size_t i = 0; i < rows * I; i++)
                                 h[i] = f16_to_f32(hh[i]);
-                if (e != cudaSuccess && r == 0)
+                if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test gate_up");
         }
         free(hh);
@@ -2653,30 +2666,21 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         float *yh = (float *) calloc(slices * rows * N, sizeof(float));
         if (r == 0 && !yh)
                 r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0)
+                r = test_input(b, xd, x, rows, K, err);
         if (r == 0) {
-                /* On the kernels' stream: it does not wait for the legacy one. */
-                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
-                        b->st);
-                if (e == cudaSuccess) {
-                        cu_to_half(b->st, xd, b->xn, rows * K);
-                        r = test_quantize(b, rows, K, err);
-                        uint32_t s = r == 0 ? linear(b, &d, b->xn, rows, yd) : 0;
-                        e = cudaGetLastError();
-                        if (e == cudaSuccess)
-                                e = cudaStreamSynchronize(b->st);
-                        if (e == cudaSuccess)
-                                e = cudaMemcpy(yh, yd, (size_t) s * rows * N * 4,
-                                        cudaMemcpyDeviceToHost);
-                        if (e == cudaSuccess)
-                                for (size_t i = 0; i < rows * N; i++) {
-                                        float v = 0.0f;
-                                        for (uint32_t k = 0; k < s; k++)
-                                                v += yh[k * rows * N + i];
-                                        y[i] = v + (l->bias.data ? cpu_tensor_get(l->bias, i % N)
-                                                                 : 0.0f);
-                                }
-                }
-                if (e != cudaSuccess && r == 0)
+                uint32_t s = linear(b, &d, b->xn, rows, yd);
+                cudaError_t e = test_sync(b);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(yh, yd, (size_t) s * rows * N * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        for (size_t i = 0; i < rows * N; i++) {
+                                float v = 0.0f;
+                                for (uint32_t k = 0; k < s; k++)
+                                        v += yh[k * rows * N + i];
+                                y[i] = v + (l->bias.data ? cpu_tensor_get(l->bias, i % N) : 0.0f);
+                        }
+                if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test linear");
         }
         free(yh);
@@ -2740,22 +2744,19 @@ extern "C" int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t 
                 }
                 b->meta.pos = pd;
                 b->meta.slot = pd + rows;
-                cudaError_t e = cudaMemcpyAsync(xd, x, rows * K * 4, cudaMemcpyHostToDevice,
+                cudaError_t e = cudaMemcpyAsync(pd, pm, 2 * rows * 4, cudaMemcpyHostToDevice,
                         b->st);
-                if (e == cudaSuccess)
-                        e = cudaMemcpyAsync(pd, pm, 2 * rows * 4, cudaMemcpyHostToDevice, b->st);
                 if (e == cudaSuccess)
                         e = cudaMemcpyAsync(b->inv_freq, inv_freq, hd / 2 * 4,
                                 cudaMemcpyHostToDevice, b->st);
-                if (e == cudaSuccess) {
-                        cu_to_half(b->st, xd, b->xn, rows * K);
-                        r = test_quantize(b, rows, K, err);
-                        if (r == 0)
-                                *fused = qkv_rope(b, &d, rows, fuse, kc, vc);
-                        e = cudaGetLastError();
-                }
-                if (e == cudaSuccess)
-                        e = cudaStreamSynchronize(b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test qkv rope: inputs");
+        }
+        if (r == 0)
+                r = test_input(b, xd, x, rows, K, err);
+        if (r == 0) {
+                *fused = qkv_rope(b, &d, rows, fuse, kc, vc);
+                cudaError_t e = test_sync(b);
                 if (e == cudaSuccess)
                         e = cudaMemcpy(q, b->q, rows * qd * 4, cudaMemcpyDeviceToHost);
                 if (e == cudaSuccess)
@@ -2767,7 +2768,7 @@ extern "C" int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t 
                                 k[i] = f16_to_f32(kh[i]);
                                 v[i] = f16_to_f32(kh[rows * kvd + i]);
                         }
-                if (e != cudaSuccess && r == 0)
+                if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test qkv rope");
         }
         free(pm);
