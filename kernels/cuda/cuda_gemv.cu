@@ -77,6 +77,13 @@ __device__ __forceinline__ uint2 ld_stream(const uint2 *p)
 #define AWQ_KW 4
 #define AWQ_D  4 /* even */
 
+/* AwqArgs.group_magic of l. */
+static inline uint32_t awq_group_magic(const CuLinear *l)
+{
+        uint32_t d = l->group_size / 32;
+        return (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d);
+}
+
 /* Index of unit (tile, chunk) among a matrix's units of chunks chunks each. */
 __host__ __device__ static inline size_t awq_unit(uint32_t tile, uint32_t ch, uint32_t chunks)
 {
@@ -172,6 +179,17 @@ __device__ __forceinline__ void awq_tile(uint4 v, const uint2 *r, const uint2 (*
         }
 }
 
+/* Register q of tile j as lane lane of every warp holds it in red, added in warp order. */
+template <int KW>
+__device__ __forceinline__ float warps_sum(const AwqRed *red, int j, int q, uint32_t lane)
+{
+        float v = red[0][j][q][lane];
+#pragma unroll
+        for (int w = 1; w < KW; w++)
+                v += red[w][j][q][lane];
+        return v;
+}
+
 /* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
  * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1. */
 template <int H, int KW = AWQ_KW>
@@ -197,13 +215,8 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                 for (int h = 0; h < H; h++)
 #pragma unroll
                         for (int r = 0; r < 4; r++) {
-                                float gv = red[0][0][4 * h + r][lane], uv = red[0][1][4 * h + r][lane];
-#pragma unroll
-                                for (int w = 1; w < KW; w++) {
-                                        gv += red[w][0][4 * h + r][lane];
-                                        uv += red[w][1][4 * h + r][lane];
-                                }
-                                hv[h][r] = silu_mul(gv, uv);
+                                hv[h][r] = silu_mul(warps_sum<KW>(red, 0, 4 * h + r, lane),
+                                        warps_sum<KW>(red, 1, 4 * h + r, lane));
                         }
 #pragma unroll
                 for (int h = 0; h < H; h++)
@@ -225,10 +238,7 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int h = 0; h < H; h++)
 #pragma unroll
                                 for (int r = 0; r < 4; r++) {
-                                        float v = red[0][j][4 * h + r][lane];
-#pragma unroll
-                                        for (int w = 1; w < KW; w++)
-                                                v += red[w][j][4 * h + r][lane];
+                                        float v = warps_sum<KW>(red, j, 4 * h + r, lane);
                                         uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
                                         uint32_t i = 8 * h + 2 * t + r % 2;
                                         if (col < a.N && i < pr) {
@@ -459,6 +469,15 @@ __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t sli
         return (size_t) rows * slice_chunks * (128 + sizeof(float2));
 }
 
+/* Whether k_gemv_qx takes its slice of x through shared memory (XS): a slice of 32 chunks
+ * or more, whose copy fits beside the sums in the 48 KB a launch may take without opting
+ * in. */
+static inline bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks)
+{
+        return slice_chunks >= 32 &&
+               qx_xs_bytes(rows, slice_chunks) <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
+}
+
 /* cu_gemv_qkv_rope's end of a CTA, in place of awq_store: its warps' sums meet in red in
  * warp order, as there, and the cluster (the tile pair's K slices, by rank) adds the slices'
  * sums in slice order, then the bias, as sum_part does. A lane's values of the pair's two
@@ -479,8 +498,7 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         /* thread u (of AWQ_KW * 32 = 128) takes lane u % 32's (row i, column col) of
          * register r = u / 32, if its rank's: its angle while the CTAs meet */
         uint32_t u = threadIdx.x, r = u / 32, g = u % 32 / 4, i = 2 * (u % 4) + r % 2;
-        uint32_t tph = rk.hd / 16, pair = blockIdx.x;
-        uint32_t col = (pair / (tph / 2) * tph + pair % (tph / 2)) * 16 + g + 8 * (r / 2);
+        uint32_t col = pair_logical_tile(2 * blockIdx.x, rk.hd / 16) * 16 + g + 8 * (r / 2);
         float cs = 1.0f, sn = 0.0f, ba = 0.0f, bb = 0.0f;
         if (i < pr && rk.bias) {
                 ba = rk.bias[col];
@@ -493,13 +511,8 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                                float v = red[0][j][q][lane];
-#pragma unroll
-                                for (int w = 1; w < AWQ_KW; w++)
-                                        v += red[w][j][q][lane];
-                                red[0][j][q][lane] = v;
-                        }
+                        for (int q = 0; q < 4; q++)
+                                red[0][j][q][lane] = warps_sum<AWQ_KW>(red, j, q, lane);
         cg::cluster_group cluster = cg::this_cluster();
         cluster.sync();
         uint32_t S = cluster.num_blocks();
@@ -639,19 +652,17 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
         size_t slice_stride, __half *hb = NULL, const CuQx *qx = NULL)
 {
-        uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb,
+                l->splits, awq_group_magic(l), hb,
                 qx ? *qx : CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
         if (qx && g64 && !ids && !off && !list && rows <= QX_ROWS &&
                 (size_t) qx->chunks * AWQ_KC == l->in) {
-                size_t qs = qx_xs_bytes(rows, slice);
-                if (slice >= 32 && qs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed))
-                        k_gemv_qx<true><<<grid, AWQ_KW * 32, qs, st>>>(a);
+                if (qx_takes_xs(rows, slice))
+                        k_gemv_qx<true><<<grid, AWQ_KW * 32, qx_xs_bytes(rows, slice), st>>>(a);
                 else
                         k_gemv_qx<false><<<grid, AWQ_KW * 32, 0, st>>>(a);
                 return;
@@ -859,10 +870,9 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
                         x, ldx, y, slice_stride, hb);
                 return;
         }
-        uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), hb, CuQx{}, CuRopeKv{}};
+                l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         bool few = (size_t) grid.x * grid.y * grid.z <= experts_few_wave(g64) &&
@@ -1265,13 +1275,11 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
                 rows > QX_ROWS || l->splits > 8 || l->group_size % AWQ_KC != 0 ||
                 (size_t) qx->chunks * AWQ_KC != l->in)
                 return false;
-        uint32_t d = l->group_size / 32;
         AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, rows, 1, l->in, NULL, NULL, 0, l->in,
                 l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->splits,
-                (uint32_t) ((((uint64_t) 1 << 31) + d - 1) / d), NULL, *qx, *rk};
+                awq_group_magic(l), NULL, *qx, *rk};
         uint32_t slice = div_up(a.chunks, a.splits);
-        size_t qs = qx_xs_bytes(rows, slice);
-        bool xs = slice >= 32 && qs <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
+        bool xs = qx_takes_xs(rows, slice);
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = 1;
@@ -1280,7 +1288,7 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(a.tiles / AWQ_NT, l->splits, 1);
         cfg.blockDim = dim3(AWQ_KW * 32);
-        cfg.dynamicSmemBytes = xs ? qs : 0;
+        cfg.dynamicSmemBytes = xs ? qx_xs_bytes(rows, slice) : 0;
         cfg.stream = st;
         cfg.attrs = at;
         cfg.numAttrs = 1;
@@ -1289,25 +1297,21 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
         return true;
 }
 
-/* One thread per 16-byte unit or scale record of the paired layout, read from the
- * unpaired copy in tmp. */
-/* One thread per 16-byte unit or scale record of the paired layout, read from the
- * unpaired copy in tmp: physical tile p holds logical tile i of span p / span (span / 2
- * pairs a span), where p / 2 is pair i % (span / 2) of its span and p % 2 its half. */
+/* One thread per 16-byte unit or scale record of the paired layout (pair_logical_tile),
+ * read from the unpaired copy in tmp. */
 __global__ void k_awq_pair_tiles(const uint4 *qw_in, const uint2 *sz_in, uint32_t tiles,
         uint32_t chunks, uint32_t groups, uint32_t span, uint4 *qw, uint2 *sz)
 {
         size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
         size_t units = (size_t) tiles * chunks * 32, recs = (size_t) groups * tiles * 8;
-        uint32_t half = span / 2;
         if (u < units) {
                 uint32_t lane = u % 32, ch = (u / 32) % chunks, p = (uint32_t) (u / 32 / chunks);
-                uint32_t lt = p / 2 / half * span + p / 2 % half + (p % 2) * half;
+                uint32_t lt = pair_logical_tile(p, span);
                 qw[awq_unit(p, ch, chunks) * 32 + lane] = qw_in[awq_unit(lt, ch, chunks) * 32 + lane];
         } else if (u < units + recs) {
                 size_t v = u - units;
                 uint32_t g = v % 8, p = (uint32_t) (v / 8 % tiles), gi = (uint32_t) (v / 8 / tiles);
-                uint32_t lt = p / 2 / half * span + p / 2 % half + (p % 2) * half;
+                uint32_t lt = pair_logical_tile(p, span);
                 sz[((size_t) gi * tiles + p) * 8 + g] = sz_in[((size_t) gi * tiles + lt) * 8 + g];
         }
 }

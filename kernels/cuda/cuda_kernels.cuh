@@ -134,7 +134,17 @@ void cu_quantize_x(cudaStream_t st, const __half *x, uint32_t ldx, uint32_t rows
  * expert's threads. */
 bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed);
 
-/* Physical column of logical column c of a linear whose tiles are paired by halves of
+/* Logical tile of physical tile p of a linear whose tiles are paired by halves of spans of
+ * span tiles: p / 2 is pair i of its span (i < span / 2), and p % 2 says which half, so p
+ * holds tile i or i + span / 2 of the span. */
+__host__ __device__ __forceinline__ uint32_t pair_logical_tile(uint32_t p, uint32_t span)
+{
+        uint32_t half = span / 2;
+        return p / 2 / half * span + p / 2 % half + (p % 2) * half;
+}
+
+/* Physical column of logical column c (the inverse of pair_logical_tile) of a linear whose
+ * tiles are paired by halves of
  * spans of tph tiles (cu_awq_rope_tiles; cu_awq_pair_tiles is one span of all the tiles):
  * tile i < tph / 2 of a span and tile i + tph / 2 are physical tiles 2 (span tph / 2 + i)
  * and the one after it. */
