@@ -236,9 +236,12 @@ static void *loop_thread(void *userdata)
                 /* Room for a round, and at most one round's events not yet taken by the I/O
                  * thread: a client the I/O thread pauses then gets at most two rounds'
                  * events more, which its session's bound holds (session.c), even when the
-                 * I/O thread was kept from the outbox for many steps. */
+                 * I/O thread was kept from the outbox for many steps. A stop that cancels,
+                 * or that drains a scheduler with nothing left, makes no events: it does not
+                 * wait, since the thread that takes them may be the one joining this one
+                 * (the server retiring a reloaded model's loop). */
                 while ((out_room(l) < l->max_events || l->out_head < l->round_end[0]) &&
-                        !(l->stopping && !l->drain))
+                        !(l->stopping && (!l->drain || sched_idle(l->s))))
                         loop_wait(l);
 
                 /* Take the inbox. Requests before commands: a cancel always follows the

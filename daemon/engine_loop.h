@@ -84,7 +84,9 @@ void engine_loop_stats(EngineLoop *l, EngineLoopStats *ret);
 
 /* Stops the engine thread and joins it. drain: finish every submitted request first;
  * otherwise cancel them all (cancelled FINALs). Events stay in the outbox for
- * engine_loop_take_events(). Submits fail with -ESHUTDOWN from now on. Idempotent. */
+ * engine_loop_take_events(). Submits fail with -ESHUTDOWN from now on. Idempotent.
+ * Requests still running keep the outbox's bound while they drain, so a caller that takes
+ * the events itself drains only a loop whose requests have all finished. */
 void engine_loop_stop(EngineLoop *l, bool drain);
 
 /* Stops without drain if still running, then frees everything, pending events included.

@@ -6,7 +6,8 @@
  *     eventfd, with the text engine_generate() gives each alone;
  *   - cancel_client ends a paused client's requests; stop joins cleanly and the pool is
  *     full again (ASan checks for leaks);
- *   - the engine runs at most two rounds ahead of the events taken. */
+ *   - the engine runs at most two rounds ahead of the events taken;
+ *   - a drain stop of a finished loop returns with its events untaken. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -227,6 +228,51 @@ static void test_runahead(Engine *e, int efd)
         check_same(&sink.out[0], &want, "the held-back stream");
 }
 
+static void *stop_draining(void *userdata)
+{
+        engine_loop_stop(userdata, true);
+        return NULL;
+}
+
+/* A drain stop of a loop whose requests have all finished, from a thread that has not taken
+ * their events (as the server retires a reloaded model's loop): it must not wait for room
+ * in the outbox, since nothing takes the events until the stop returns. A request of 2
+ * tokens leaves the engine thread at the outbox's bound (its first round's event untaken)
+ * after its final event. dsd hung there in test-moe-serve, about once in 45 runs
+ * (eighteenth session). */
+static void test_drain_unread(Engine *e, int efd)
+{
+        _cleanup_(engine_loop_freep) EngineLoop *l = NULL;
+        SchedLimits lim = {.max_seqs = 2, .step_tokens = 64, .max_queued = 2};
+        static SchedEvent evs[16];
+        EngineLoopStats st = {};
+        DsError err = {};
+        pthread_t t;
+
+        memset(&sink, 0, sizeof(sink));
+        CHECK(engine_loop_start(e, &lim, efd, &l, &err) == 0, "%s", err.msg);
+        SchedRequest *req = make_request(e, 0, 1, prompts[0], 2, NULL);
+        req->userdata = (void *) (uintptr_t) 1000;
+        CHECK(engine_loop_submit(l, &req, &err) == 0, "%s", err.msg);
+        for (int i = 0; i < 6000 && st.finished == 0; i++) {
+                usleep(10000);
+                engine_loop_stats(l, &st);
+        }
+        CHECK(st.finished == 1, "the 2-token request did not finish within 60 s");
+        CHECK(pthread_create(&t, NULL, stop_draining, l) == 0, "pthread_create");
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 30;
+        CHECK(pthread_timedjoin_np(t, NULL, &until) == 0,
+                "a drain stop with its events untaken did not return within 30 s");
+        size_t k = engine_loop_take_events(l, evs, ELEMENTSOF(evs));
+        for (size_t i = 0; i < k; i++)
+                sink_event(&sink, &evs[i]);
+        CHECK(sink.n_final == 1 && sink.out[0].finish == FINISH_LENGTH,
+                "%u finals, finish %s after the stop", sink.n_final,
+                finish_reason_name(sink.out[0].finish));
+}
+
 int main(void)
 {
         _cleanup_(engine_freep) Engine *e = NULL;
@@ -240,5 +286,6 @@ int main(void)
         test_threaded(e, efd);
         test_stop_cancels(e, efd);
         test_runahead(e, efd);
+        test_drain_unread(e, efd);
         return 0;
 }
