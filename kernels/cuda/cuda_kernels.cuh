@@ -144,14 +144,13 @@ __host__ __device__ __forceinline__ uint32_t pair_logical_tile(uint32_t p, uint3
 }
 
 /* Physical column of logical column c (the inverse of pair_logical_tile) of a linear whose
- * tiles are paired by halves of
- * spans of tph tiles (cu_awq_rope_tiles; cu_awq_pair_tiles is one span of all the tiles):
- * tile i < tph / 2 of a span and tile i + tph / 2 are physical tiles 2 (span tph / 2 + i)
- * and the one after it. */
+ * tiles are paired by halves of spans of tph tiles (cu_awq_rope_tiles; cu_awq_pair_tiles
+ * is one span of all the tiles): tile i < tph / 2 of span s and tile i + tph / 2 are
+ * physical tiles 2 (s tph / 2 + i) and the one after it. */
 __host__ __device__ __forceinline__ uint32_t paired_col(uint32_t c, uint32_t tph)
 {
-        uint32_t t = c / 16, half = tph / 2, span = t / tph, i = t % tph;
-        return (2 * (span * half + i % half) + (i >= half)) * 16 + c % 16;
+        uint32_t t = c / 16, half = tph / 2, s = t / tph, i = t % tph;
+        return (2 * (s * half + i % half) + (i >= half)) * 16 + c % 16;
 }
 
 /* Where the rotated q and the new k and v of a step go: the rope's inputs and outputs
