@@ -21,6 +21,6 @@ while [ ! -S "$sock" ]; do
         fi
         sleep 0.1
 done
-echo "demo: dsd is serving build/models/tiny (synthetic weights: the text is meaningless) on $sock" >&2
+echo "demo: dsd is serving $build/models/tiny (synthetic weights: the text is meaningless) on $sock" >&2
 "$build/tools/dsctl/dsctl" generate --socket "$sock" --max-tokens 48 "$prompt"
 echo
