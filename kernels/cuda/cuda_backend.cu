@@ -141,6 +141,10 @@ struct Backend {
          * and whether the add_norms of the step being recorded make it */
         CuQx qx;
         bool qx_live;
+        /* qx with the chunks' sums of squares: the rows as o and down quantize them before
+         * the norm's factor at one row (cu_gemv_res), and whether the step's rows are such */
+        CuQx qx_res;
+        bool qx_deferred, any_res; /* any_res: some layer's o or down takes cu_gemv_res */
         float2 *ml;
         __half *w16;
         int32_t *ids_d;
@@ -327,10 +331,10 @@ static void weights_free(Backend *b)
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
                 b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
-                b->spart, b->rlog, b->qx.items, b->qx.recs};
+                b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
-        b->qx = CuQx{};
+        b->qx = b->qx_res = CuQx{};
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
                 cudaFreeHost(b->samp_hb[i]);
@@ -771,6 +775,30 @@ static void lane_wait(Backend *b, cudaEvent_t ev, cudaStream_t from, cudaStream_
                 b->side_err = e;
 }
 
+/* Whether the integer GEMV takes l's input quantized (gemv_awq's rule at one row). */
+static bool takes_qx(const Backend *b, const CuLinear *l)
+{
+        return l->awq && l->group_size % 64 == 0 && l->in == (size_t) b->qx.chunks * 64;
+}
+
+/* Which o and down linears end in the residual add and the next norm's quantization at one
+ * row (cu_gemv_res): those of dense layers whose next linear (gate|up, the next layer's
+ * q|k|v) takes quantized rows. */
+static void res_plan(Backend *b)
+{
+        for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
+                CuLayer *L = &b->layers[l];
+                if (L->router.out || b->mla)
+                        continue;
+                if (takes_qx(b, &L->gate_up))
+                        cu_res_plan(&L->o);
+                const CuLayer *N = l + 1 < b->cfg.n_layers ? &b->layers[l + 1] : NULL;
+                if (N && takes_qx(b, &N->qkv))
+                        cu_res_plan(&L->down);
+                b->any_res = b->any_res || L->o.res_splits || L->down.res_splits;
+        }
+}
+
 static int scratch_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -806,6 +834,14 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->qx.items, (size_t) QX_ROWS * b->qx.chunks * 128, "quantized rows");
                 DALLOC(b->qx.recs, (size_t) QX_ROWS * b->qx.chunks * sizeof(float2),
                         "quantized rows' scales");
+                if (b->qx.chunks <= QX_SS_CHUNKS)
+                        res_plan(b);
+                if (b->any_res) {
+                        b->qx_res = b->qx;
+                        b->qx_res.eps = c->rms_eps;
+                        DALLOC(b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
+                                "quantized rows' sums of squares");
+                }
         }
         DALLOC(b->q, R * q_width(c) * 4, "queries");
         DALLOC(b->att, R * att * 2, "attention output");
@@ -1243,10 +1279,13 @@ static void note_library_nodes(Backend *b, const cudaGraphNode_t *before, size_t
         }
 }
 
-/* The quantized rows of x, where x is b->xn as the step's add_norms quantize it. */
+/* The quantized rows of x, where x is b->xn as the step's add_norms quantize it, or as o or
+ * down quantized it before the norm's factor (then xn itself is not written). */
 static const CuQx *xn_quantized(const Backend *b, const __half *x)
 {
-        return x == b->xn && b->qx_live ? &b->qx : NULL;
+        if (x != b->xn || !b->qx_live)
+                return NULL;
+        return b->qx_deferred ? &b->qx_res : &b->qx;
 }
 
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
@@ -1565,7 +1604,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         const BkConfig *c = &b->cfg;
         uint32_t H = c->hidden;
         const float *prev = NULL, *prev_bias = NULL;
-        uint32_t prev_s = 0, s;
+        uint32_t prev_s = 0, s = 0;
         /* the previous layer's MLP output: a linear's slices, or a MoE layer's pairs */
         size_t prev_stride = (size_t) rows * H;
         CuMoeSum moe;
@@ -1576,12 +1615,21 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
         const CuQx *qx = b->qx.items ? &b->qx : NULL;
 
+        /* whether the previous down ended in the residual add and this norm (cu_gemv_res) */
+        bool res_done = false;
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm */
-                b->qx_live = cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias,
-                        prev_moe, L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true, NULL, qx);
+                b->qx_deferred = res_done;
+                if (res_done) {
+                        b->qx_live = true;
+                        res_done = false;
+                } else {
+                        b->qx_live = cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias,
+                                prev_moe, L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true,
+                                NULL, qx);
+                }
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
@@ -1590,7 +1638,13 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         attention_gqa(b, L, l, rows, att_grid, att_own, att_small);
 
                 /* output projection and residual, ffn rmsnorm */
-                s = linear(b, &L->o, b->att, rows, b->part);
+                if (rows == 1 && L->o.res_splits) {
+                        cu_gemv_res(b->st, &L->o, b->att, b->x, L->mlp_norm, &b->qx_res);
+                        b->qx_live = b->qx_deferred = true;
+                } else {
+                        b->qx_deferred = false;
+                        s = linear(b, &L->o, b->att, rows, b->part);
+                }
                 MoePlan mp = {};
                 CuNormRouter rr;
                 bool routed = false;
@@ -1598,9 +1652,10 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         mp = moe_plan(b, rows);
                         routed = norm_router(b, L, rows, &mp, &rr);
                 }
-                b->qx_live = cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H, L->o.bias,
-                        NULL, L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL, true,
-                        routed ? &rr : NULL, qx);
+                if (!b->qx_deferred)
+                        b->qx_live = cu_add_norm(b->st, b->x, b->part, s, (size_t) rows * H,
+                                L->o.bias, NULL, L->mlp_norm, b->xn, rows, H, c->rms_eps, NULL,
+                                true, routed ? &rr : NULL, qx);
 
                 /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
                  * add opens the next layer */
@@ -1612,6 +1667,12 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         continue;
                 }
                 mlp_gate_up(b, &L->gate_up, rows);
+                if (rows == 1 && L->down.res_splits) {
+                        cu_gemv_res(b->st, &L->down, b->hb, b->x, b->layers[l + 1].attn_norm,
+                                &b->qx_res);
+                        res_done = true;
+                        continue;
+                }
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
                 prev = b->part;
                 prev_bias = L->down.bias;

@@ -8,6 +8,7 @@ extern "C" {
 }
 #include "cuda_kernels.cuh"
 #include "cuda_ptx.cuh"
+#include "cuda_qx.cuh"
 #include <cooperative_groups.h>
 
 namespace cg = cooperative_groups;
@@ -309,8 +310,9 @@ __device__ __forceinline__ void awq_stream(uint32_t w0, uint32_t w1, Load load, 
         }
 }
 
-/* One pass of up to 16 rows (HI), else 8, over the CTA's tiles and the warp's chunks [w0,
- * w1) of the CTA's slice [c0, c1); HI has half the chunks in flight, for registers. G64:
+/* The warp's sums c of one pass of up to 16 rows (HI), else 8, over AWQ_NT tiles from tile0
+ * and the warp's chunks [w0, w1) of its slice [c0, c1) (awq_pass stores them, k_gemv_res
+ * takes them on); HI has half the chunks in flight, for registers. G64:
  * the group size is a multiple of the chunk (so is K), one (scale, zero) per tile and
  * chunk; else one per half chunk (32 k), and the last chunk may be half beyond K.
  *
@@ -319,9 +321,9 @@ __device__ __forceinline__ void awq_stream(uint32_t w0, uint32_t w1, Load load, 
  * ahead, x mostly came from L2 (ncu: 9% L1 hits) and cost a fifth of gate_up's time
  * (bench-gemv with x not loaded: 22.8 against 28.0 us, PERF.md, fourth session). */
 template <bool HI, bool G64, bool XS>
-__device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
+__device__ __forceinline__ void awq_sums(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
         uint32_t tile0, uint32_t c0, uint32_t c1, uint32_t w0, uint32_t w1, uint32_t p0,
-        uint32_t pr, __half *xsl, AwqRed *red)
+        uint32_t pr, __half *xsl, float (*c)[HI ? 2 : 1][4])
 {
         constexpr int H = HI ? 2 : 1, Q = G64 ? 1 : 2, D = HI ? AWQ_D / 2 : AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -337,7 +339,6 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
         const uint4 *qp = qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
         const uint2 *sp = sz + (size_t) tile0 * 8 + g;
         uint32_t group_recs = a.tiles * 8;
-        float c[AWQ_NT][H][4];
 #pragma unroll
         for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
@@ -407,8 +408,17 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
                 __syncthreads();
         }
         awq_stream<D>(w0, w1, load, [&](int st, uint32_t ch) { load_x(xb[st], ch); }, compute);
+}
+
+template <bool HI, bool G64, bool XS>
+__device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, const uint2 *sz,
+        uint32_t tile0, uint32_t c0, uint32_t c1, uint32_t w0, uint32_t w1, uint32_t p0,
+        uint32_t pr, __half *xsl, AwqRed *red)
+{
+        float c[AWQ_NT][HI ? 2 : 1][4];
+        awq_sums<HI, G64, XS>(a, qw, sz, tile0, c0, c1, w0, w1, p0, pr, xsl, c);
         pdl_trigger(); /* the successor's blocks may take the SM slots of finished ones */
-        awq_store<H>(a, c, tile0, p0, pr, red);
+        awq_store<HI ? 2 : 1>(a, c, tile0, p0, pr, red);
 }
 
 template <bool HI, bool G64, bool XS>
@@ -541,7 +551,15 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
  * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
  * slice, was 9% faster (docs/PERF.md, fifteenth session). */
-template <bool XS, bool ROPE = false>
+/* NORM: x is w h before the norm's factor (CuQx.ss, one row): every warp adds the chunks'
+ * sums of h^2 in the same order (lane by lane, then a shuffle tree whose lane 0 all take),
+ * so every CTA scales by the same factor. The sums come into shared memory by cp.async
+ * after the wait, with the XS copy where there is one, and are added at the end. Each CTA
+ * reads one of their copies (with one copy, 7B and 32B batch 1 were 0.3-0.5% slower).
+ * NORM still costs 0.6-1.3 us a launch (traces against the same kernel without it, timing
+ * only), and neither the sums' loads (registers or shared memory) nor their addition (a
+ * factor of 1, timing only) is it: docs/PERF.md, twenty-first session. */
+template <bool XS, bool ROPE = false, bool NORM = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
         __shared__ AwqRed red[AWQ_KW];
@@ -586,6 +604,14 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         };
         awq_preload<D>(w0, w1, load);
         pdl_wait();
+        __shared__ __align__(16) float ss_s[NORM ? QX_SS_CHUNKS : 4];
+        if constexpr (NORM) {
+                /* cu_res_plan: whole 16-byte pieces */
+                const float *ss = a.qx.ss + (blockIdx.x + blockIdx.y) % QX_SS_COPIES * QX_SS_CHUNKS;
+                if (threadIdx.x < a.qx.chunks / 4)
+                        cp_async16(ss_s + 4 * threadIdx.x, ss + 4 * threadIdx.x, true);
+                cp_async_commit();
+        }
         if (XS) {
                 /* items by rows, then records */
                 for (uint32_t i = threadIdx.x; i < pr * n * 8; i += blockDim.x)
@@ -640,6 +666,26 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cs[j][0][2] = __shfl_sync(0xffffffffu, f[j][1], s0);
                 cs[j][0][3] = __shfl_sync(0xffffffffu, f[j][1], s1);
         }
+        if constexpr (NORM) {
+                if (!XS) {
+                        cp_async_wait<0>();
+                        __syncthreads();
+                }
+                float tot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < QX_SS_CHUNKS / 32; i++)
+                        tot += lane + 32 * i < a.qx.chunks ? ss_s[lane + 32 * i] : 0.0f;
+#pragma unroll
+                for (int o = 16; o > 0; o /= 2)
+                        tot += __shfl_xor_sync(0xffffffffu, tot, o);
+                tot = __shfl_sync(0xffffffffu, tot, 0);
+                float inv = 1.0f / sqrtf(tot / (float) a.K + a.qx.eps);
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                        for (int q = 0; q < 4; q++)
+                                cs[j][0][q] *= inv;
+        }
         if constexpr (ROPE)
                 qkv_rope_store(a, cs, pr, red);
         else
@@ -661,10 +707,10 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         uint32_t slice = div_up(a.chunks, a.splits);
         if (qx && g64 && !ids && !off && !list && rows <= QX_ROWS &&
                 (size_t) qx->chunks * AWQ_KC == l->in) {
-                if (qx_takes_xs(rows, slice))
-                        k_gemv_qx<true><<<grid, AWQ_KW * 32, qx_xs_bytes(rows, slice), st>>>(a);
-                else
-                        k_gemv_qx<false><<<grid, AWQ_KW * 32, 0, st>>>(a);
+                bool xs = qx_takes_xs(rows, slice);
+                auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
+                                : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
+                k<<<grid, AWQ_KW * 32, xs ? qx_xs_bytes(rows, slice) : 0, st>>>(a);
                 return;
         }
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
@@ -680,6 +726,190 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         if (use_xs)
                 k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
         k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * o and down of one row ending in the residual add and the next norm's quantization
+ * (cu_gemv_res), so that no add_norm launch sits between them and the integer GEMV that
+ * takes their output: without those launches the dense layers of 7B and 32B were 6.5%
+ * faster (a timing-only proxy, docs/PERF.md, nineteenth session).
+ *
+ * The norm's factor needs the whole row, which no CTA holds, but it is one scalar a row:
+ * the consumer applies it (k_gemv_qx's NORM), and the producer quantizes w h, whose chunk
+ * scale absorbs the factor. A chunk's scale needs its 64 columns together, so a CTA is two
+ * halves of KW warps, each k_gemv_awq's work on AWQ_NT tiles: 4 tiles, one chunk. The K
+ * slices run as one cluster (at most RES_MAX_SPLITS: clusters of 8-10 CTAs cost 4.8-7 us a
+ * launch where 2 cost nothing measurable and 4 0.9 us, nineteenth and eighteenth
+ * sessions); the other slices send their sums to the first and leave, so that their SM
+ * slots go to the next kernel's CTAs. KW is 5 (two CTAs an SM, k_gemv_awq's 20 warps) where
+ * the clusters fit, else 3 (three CTAs an SM); 96 registers either way. */
+#define RES_KW_MAX      5
+#define RES_KW_MIN      3
+#define RES_MAX_SPLITS  4
+#define RES_COLS        (2 * AWQ_NT * AWQ_TN)
+static_assert(RES_COLS == AWQ_KC, "a CTA of cu_gemv_res holds one chunk of columns");
+
+struct ResArgs {
+        float *h;         /* the residual row: h += x W + bias */
+        const float *bias; /* (N) or NULL */
+        const float *w;   /* the next norm's weights (N) */
+        CuQx qx;          /* w h quantized, and the chunks' sums of h^2 */
+};
+
+template <bool XS, int KW>
+__global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
+        k_gemv_res(const AwqArgs a, const ResArgs r)
+{
+        __shared__ AwqRed red[2 * KW];
+        __shared__ float part_s[RES_MAX_SPLITS][RES_COLS];
+        __shared__ float hw_s[RES_COLS], h2_s[RES_COLS];
+        extern __shared__ __align__(16) __half res_xsl[];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, u = threadIdx.x;
+        uint32_t half = warp / KW, wq = warp % KW, s = blockIdx.y;
+        uint32_t tile0 = (2 * blockIdx.x + half) * AWQ_NT;
+        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
+        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        uint32_t w0 = c0 + (c1 - c0) * wq / KW, w1 = c0 + (c1 - c0) * (wq + 1) / KW;
+        uint32_t col = RES_COLS * blockIdx.x + u;
+        bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
+        /* the norm's weights and the bias are constant: loaded before the wait */
+        float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
+        /* a CTA writes to another's shared memory only once every CTA of the cluster has
+         * started: this arrival's wait comes long after */
+        cg::cluster_group cluster = cg::this_cluster();
+        cluster.barrier_arrive();
+        float c[AWQ_NT][1][4];
+        awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1, 0, 1,
+                res_xsl, c);
+        pdl_trigger();
+        /* the residual, written three launches before: its load under the sums' meeting */
+        float h = mine ? ld_cg(r.h + col) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                        red[warp][j][q][lane] = c[j][0][q];
+        __syncthreads();
+        cluster.barrier_wait();
+        if (u < RES_COLS) {
+                /* column u: half u / 32, its tile (u / 16) % 2, lane 4 g of register q (row 0) */
+                uint32_t j = u / 16 % 2, g = u % 8, q = 2 * (u % 16 / 8);
+                float v = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KW; k++)
+                        v += red[u / 32 * KW + k][j][q][4 * g];
+                *cluster.map_shared_rank(&part_s[s][u], 0) = v;
+        }
+        cluster.barrier_arrive();
+        if (s != 0)
+                return;
+        cluster.barrier_wait();
+        if (mine) {
+                /* the slices in order, then the bias, then the residual, as k_add_norm adds */
+                float y = 0.0f;
+                for (uint32_t k = 0; k < a.splits; k++)
+                        y += part_s[k][u];
+                h += r.bias ? y + bs : y;
+                r.h[col] = h;
+                hw_s[u] = wn * h;
+                h2_s[u] = h * h;
+        }
+        __syncthreads();
+        if (warp == 0) {
+                /* lane e < 8 takes columns 8 e .. 8 e + 7, as qx_chunk's lanes take k */
+                uint32_t e = lane % 8;
+                float v[8], sq = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                        v[k] = hw_s[8 * e + k];
+                        sq += h2_s[8 * e + k];
+                }
+#pragma unroll
+                for (int o = 1; o < 8; o *= 2)
+                        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                /* lane 0's sum in every copy (the lanes' trees add in different orders) */
+                sq = __shfl_sync(0xffffffffu, sq, 0);
+                qx_chunk_f(v, lane < 8, r.qx.items + (size_t) blockIdx.x * 32, r.qx.recs + blockIdx.x);
+                if (lane < QX_SS_COPIES)
+                        r.qx.ss[lane * QX_SS_CHUNKS + blockIdx.x] = sq;
+        }
+}
+
+/* Static shared memory of k_gemv_res, beside which its slice of x must fit the 48 KB a
+ * launch may take without opting in. */
+static constexpr size_t res_smem(int kw)
+{
+        return 2 * kw * sizeof(AwqRed) + (RES_MAX_SPLITS + 2) * RES_COLS * sizeof(float);
+}
+
+/* The launch of cu_gemv_res for l in S slices of halves of kw warps (its cluster attribute
+ * at), and its kernel: x through shared memory where the slice is long enough (gemv_awq's
+ * rule) and x allows (x NULL: planning, any x). */
+static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const __half *x,
+        cudaLaunchAttribute *at, cudaLaunchConfig_t *cfg)
+{
+        uint32_t slice = div_up(div_up(l->in, AWQ_KC), S);
+        size_t xs = (size_t) awq_xs_row(slice) * 2;
+        bool use_xs = slice >= 32 && l->in % 8 == 0 && (uintptr_t) x % 16 == 0 &&
+                      xs <= 48 * 1024 - res_smem(kw);
+        at->id = cudaLaunchAttributeClusterDimension;
+        at->val.clusterDim.x = 1;
+        at->val.clusterDim.y = S;
+        at->val.clusterDim.z = 1;
+        *cfg = cudaLaunchConfig_t{};
+        cfg->gridDim = dim3(l->out / RES_COLS, S, 1);
+        cfg->blockDim = dim3(2 * kw * 32);
+        cfg->dynamicSmemBytes = use_xs ? xs : 0;
+        cfg->attrs = at;
+        cfg->numAttrs = 1;
+        if (kw == RES_KW_MAX)
+                return use_xs ? (const void *) k_gemv_res<true, RES_KW_MAX>
+                              : (const void *) k_gemv_res<false, RES_KW_MAX>;
+        return use_xs ? (const void *) k_gemv_res<true, RES_KW_MIN>
+                      : (const void *) k_gemv_res<false, RES_KW_MIN>;
+}
+
+/* Slices first (the fewer, the fewer loads in flight: 7B at 2 slices was 9% slower than at
+ * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
+ * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
+ * each warp at least one chunk. */
+void cu_res_plan(CuLinear *l)
+{
+        l->res_splits = l->res_kw = 0;
+        /* the consumer copies the chunks' sums of squares in 16-byte pieces (k_gemv_qx) */
+        if (!l->awq || l->group_size % AWQ_KC != 0 || l->out % (4 * RES_COLS) != 0 ||
+                l->pairs || l->rope_tph)
+                return;
+        uint32_t chunks = div_up(l->in, AWQ_KC);
+        for (uint32_t kw = RES_KW_MAX; kw >= RES_KW_MIN; kw -= RES_KW_MAX - RES_KW_MIN)
+                for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++) {
+                        cudaLaunchAttribute at;
+                        cudaLaunchConfig_t cfg;
+                        const void *k = res_config(l, s, kw, NULL, &at, &cfg);
+                        int n = 0;
+                        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess &&
+                                (uint32_t) n >= l->out / RES_COLS) {
+                                l->res_splits = s;
+                                l->res_kw = kw;
+                        }
+                }
+}
+
+void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
+        const float *w, const CuQx *qx)
+{
+        uint32_t S = l->res_splits;
+        AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, 1, 1, l->in, x, NULL, 0, l->in,
+                l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), S, awq_group_magic(l), NULL,
+                CuQx{}, CuRopeKv{}};
+        ResArgs r = {h, l->bias, w, *qx};
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg;
+        const void *k = res_config(l, S, l->res_kw, x, &at, &cfg);
+        cfg.stream = st;
+        void *args[] = {&a, &r};
+        /* a failed launch is the step's error, as for the <<<>>> launches */
+        cudaLaunchKernelExC(&cfg, k, args);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1293,7 +1523,9 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
         cfg.attrs = at;
         cfg.numAttrs = 1;
         /* a failed launch is the step's error, as for the <<<>>> launches */
-        cudaLaunchKernelEx(&cfg, xs ? k_gemv_qx<true, true> : k_gemv_qx<false, true>, a);
+        auto k = qx->ss ? (xs ? k_gemv_qx<true, true, true> : k_gemv_qx<false, true, true>)
+                        : (xs ? k_gemv_qx<true, true> : k_gemv_qx<false, true>);
+        cudaLaunchKernelEx(&cfg, k, a);
         return true;
 }
 
@@ -1569,7 +1801,7 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
         float *y = NULL;
         uint32_t *offd = NULL, *listd = NULL;
         /* dense rows as a step's add_norm leaves them: quantized too, for the integer GEMV */
-        CuQx qx = {NULL, NULL, in / AWQ_KC};
+        CuQx qx = {NULL, NULL, in / AWQ_KC, NULL, 0.0f};
         bool quantized = !n_experts && rows <= QX_ROWS && in % AWQ_KC == 0;
         cudaStream_t st = NULL;
         cudaGraph_t graph = NULL;

@@ -512,7 +512,7 @@ extern "C" int cuda_test_add_norm(const CudaNormTest *t, float *x_out, uint16_t 
         uint32_t *r_d = NULL;
         int r = 0;
 
-        CuQx qx = {NULL, NULL, t->hidden / 64};
+        CuQx qx = {NULL, NULL, t->hidden / 64, NULL, 0.0f};
         size_t qn = (size_t) t->rows * qx.chunks;
 
         if (t->rows == 0 || t->hidden > ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER ||

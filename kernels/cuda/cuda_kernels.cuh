@@ -37,7 +37,17 @@ typedef struct CuQx {
         uint32_t *items;
         float2 *recs;
         uint32_t chunks; /* per row */
+        /* NULL: the rows are the normed ones. Else (one row, made by cu_gemv_res) they are w
+         * h, the residual h times the norm's weights before the norm's factor, and ss[c] is
+         * chunk c's sum of h^2: the integer GEMV multiplies its sums by 1 / sqrt(sum of ss /
+         * K + eps), the factor being one scalar a row. QX_SS_COPIES copies, QX_SS_CHUNKS
+         * floats apart, so that the consumer's CTAs spread their reads of them. */
+        float *ss;
+        float eps;
 } CuQx;
+/* Most chunks of a row whose norm the integer GEMV can finish (CuQx.ss): 4 a lane. */
+#define QX_SS_CHUNKS 128
+#define QX_SS_COPIES 16
 
 /* A linear layer resident on the device. */
 typedef struct CuLinear {
@@ -46,6 +56,8 @@ typedef struct CuLinear {
         uint32_t kp;         /* dense: row stride of w, in padded to a multiple of 8 */
         uint32_t group_size; /* awq */
         uint32_t splits;     /* K slices of the GEMV, fixed per shape */
+        uint32_t res_splits; /* K slices of cu_gemv_res at one row; 0: it does not apply */
+        uint32_t res_kw;     /* ... and the warps of each half of its CTAs */
         bool pairs;          /* awq gate|up: tiles in (gate, up) pairs, see cu_awq_pair_tiles */
         uint32_t rope_tph;   /* awq q|k|v: tiles a head, its halves paired (cu_awq_rope_tiles); 0: not */
         uint4 *qw;           /* awq: (ceil(N/16), ceil(K/64), 32) 16-byte units, see cuda_gemv.cu */
@@ -302,6 +314,20 @@ cudaError_t cu_awq_rope_tiles(cudaStream_t st, CuLinear *l, void *tmp, uint32_t 
  * cu_gemv and cu_rope_kv). */
 bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
         const CuRopeKv *rk);
+
+/* The GEMV of one row x (l->in) into y = x · W + bias that ends in the residual add and the
+ * next norm's quantization, in place of cu_gemv and the add_norm after it (o, and down
+ * where the next layer is dense): h += y, written back to h, and w * h quantized into qx
+ * by chunks of 64, with each chunk's sum of h^2 in qx->ss (the integer GEMV that takes qx
+ * finishes the norm). A CTA holds one chunk of columns; l->res_splits K slices of it run
+ * as one cluster, and the first adds the slices' sums in slice order. */
+void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
+        const float *w, const CuQx *qx);
+
+/* Sets l->res_splits and l->res_kw for cu_gemv_res, or leaves them 0 where it does not
+ * apply: l not AWQ with groups of whole chunks, columns not whole chunks, or more chunks of
+ * columns than its clusters that fit on the GPU at once. */
+void cu_res_plan(CuLinear *l);
 
 /* MoE: matrices of one shape, one per expert. l describes expert 0 (in, out, group_size,
  * splits, qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4

@@ -114,6 +114,13 @@ __device__ __forceinline__ uint2 ld_cg(const uint2 *p)
         return v;
 }
 
+__device__ __forceinline__ float ld_cg(const float *p)
+{
+        float v;
+        asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+        return v;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void *p)
 {
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -14,21 +14,16 @@ __device__ __forceinline__ uint32_t qx_word(const int *X)
                ((uint32_t) X[1] & 0xff) << 16 | ((uint32_t) X[3] & 0xff) << 24;
 }
 
-/* One chunk by 8 lanes of a warp: lane u = lane % 8 holds its k 8u..8u+7 in raw (8
- * halves). Every lane of the warp calls it (the shuffles take all 32); the lanes with live
- * set write item (32 words) and rec. */
-__device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
+/* One chunk by 8 lanes of a warp: lane u = lane % 8 holds its k 8u..8u+7 in v. Every lane
+ * of the warp calls it (the shuffles take all 32); the lanes with live set write item (32
+ * words) and rec. */
+__device__ __forceinline__ void qx_chunk_f(const float *v, bool live, uint32_t *item, float2 *rec)
 {
-        const __half2 *h = (const __half2 *) &raw;
         uint32_t u = threadIdx.x % 8;
-        float v[8], m = 0.0f;
+        float m = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-                float2 f = __half22float2(h[k]);
-                v[2 * k] = f.x;
-                v[2 * k + 1] = f.y;
-                m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
-        }
+        for (int k = 0; k < 8; k++)
+                m = fmaxf(m, fabsf(v[k]));
 #pragma unroll
         for (int o = 1; o < 8; o *= 2)
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -55,4 +50,18 @@ __device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, f
         item[16 + 4 * (t0 + 1) + j] = qx_word(L + 4);
         if (u == 0)
                 *rec = make_float2(m / (float) QX_XMAX, __int_as_float(sum));
+}
+
+/* qx_chunk_f of 8 halves a lane (raw). */
+__device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
+{
+        const __half2 *h = (const __half2 *) &raw;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+                float2 f = __half22float2(h[k]);
+                v[2 * k] = f.x;
+                v[2 * k + 1] = f.y;
+        }
+        qx_chunk_f(v, live, item, rec);
 }
