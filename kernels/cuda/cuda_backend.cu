@@ -2752,6 +2752,99 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         return r;
 }
 
+extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
+        const float *x, float *h, const float *w, float eps, float *y, DsError *err)
+{
+        Backend *b = NULL;
+        CuLinear d = {}, cd = {};
+        float *xd = NULL, *hd = NULL, *wd = NULL, *yd = NULL;
+        __half *x16 = NULL;
+        size_t K = l->in, N = l->out;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        const BkLinear *parts[] = {l}, *cparts[] = {c};
+        r = upload_linear(b, parts, 1, true, &d, "test res", err);
+        if (r == 0)
+                r = upload_linear(b, cparts, 1, true, &cd, "test res consumer", err);
+        b->qx.chunks = (uint32_t) (N / 64);
+        if (r == 0 && (c->in != N || N / 64 > QX_SS_CHUNKS || !takes_qx(b, &cd) ||
+                              !cu_res_set(&d, splits, kw)))
+                r = ds_error(err, -EINVAL,
+                        "test res: %zu x %zu in %u slices of %u warps, then %u x %u: not taken",
+                        K, N, splits, kw, c->in, c->out);
+        if (r == 0)
+                r = dalloc((void **) &xd, K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &x16, K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &hd, N * 4, "h", err);
+        if (r == 0)
+                r = dalloc((void **) &wd, N * 4, "norm weights", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, (size_t) cd.splits * c->out * 4, "y", err);
+        /* the consumer's FP16 input stays NaN: it must take the quantized rows */
+        if (r == 0)
+                r = dalloc((void **) &b->xn, N * 2, "x16 (unused)", err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx.items, N * 2, "quantized h", err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx.recs, N / 64 * sizeof(float2), "quantized h's scales",
+                        err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
+                        "sums of squares", err);
+        float *yh = (float *) calloc((size_t) cd.splits * c->out, sizeof(float));
+        if (r == 0 && !yh)
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                /* on the kernels' stream, which does not wait for the legacy one */
+                cudaError_t e = cudaMemcpyAsync(xd, x, K * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(hd, h, N * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(wd, w, N * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemsetAsync(b->xn, 0xff, N * 2, b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test res input");
+        }
+        if (r == 0) {
+                float *ss = b->qx_res.ss;
+                b->qx_res = b->qx;
+                b->qx_res.ss = ss;
+                b->qx_res.eps = eps;
+                cu_to_half(b->st, xd, x16, K);
+                cu_gemv_res(b->st, &d, x16, hd, wd, &b->qx_res);
+                b->qx_live = b->qx_deferred = true;
+                uint32_t s = linear(b, &cd, b->xn, 1, yd);
+                cudaError_t e = test_sync(b);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(h, hd, N * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(yh, yd, (size_t) s * c->out * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        for (size_t i = 0; i < c->out; i++) {
+                                float v = 0.0f;
+                                for (uint32_t k = 0; k < s; k++)
+                                        v += yh[k * c->out + i];
+                                y[i] = v + (c->bias.data ? cpu_tensor_get(c->bias, i) : 0.0f);
+                        }
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test res");
+        }
+        free(yh);
+        dfree(xd);
+        dfree(x16);
+        dfree(hd);
+        dfree(wd);
+        dfree(yd);
+        linear_free(&d);
+        linear_free(&cd);
+        cuda_free(b);
+        return r;
+}
+
 extern "C" int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
         uint32_t hd, const float *inv_freq, const float *x, const uint32_t *pos, uint32_t rows,
         bool fuse, float *q, float *k, float *v, bool *paired, bool *fused, DsError *err)

@@ -40,6 +40,14 @@ int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
         const float *inv_freq, const float *x, const uint32_t *pos, uint32_t rows, bool fuse,
         float *q, float *k, float *v, bool *paired, bool *fused, DsError *err);
 
+/* Test hook: o or down l of one row x (l->in) ending in the residual add and the next norm
+ * (cu_gemv_res) in splits K slices of CTAs of 2 kw warps, then the integer GEMV of the
+ * linear c (c->in = l->out) taking its output as a step does: h (l->out) += x · W + bias in
+ * place, and y (c->out) = (w * h / rms(h)) · C + c's bias, rms(h) = sqrt(mean h^2 + eps).
+ * -EINVAL where cu_gemv_res or the integer GEMV does not take l, splits, kw or c. */
+int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
+        const float *x, float *h, const float *w, float eps, float *y, DsError *err);
+
 /* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
  * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of

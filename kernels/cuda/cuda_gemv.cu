@@ -873,12 +873,28 @@ static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const 
  * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
  * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
  * each warp at least one chunk. */
+/* Whether cu_gemv_res can take l at all: the consumer copies the chunks' sums of squares in
+ * 16-byte pieces (k_gemv_qx), so the columns are whole groups of 4 chunks. */
+static bool res_takes(const CuLinear *l)
+{
+        return l->awq && l->group_size % AWQ_KC == 0 && l->out % (4 * RES_COLS) == 0 &&
+               !l->pairs && !l->rope_tph;
+}
+
+bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw)
+{
+        if (!res_takes(l) || (kw != RES_KW_MAX && kw != RES_KW_MIN) || splits < 1 ||
+                splits > RES_MAX_SPLITS || div_up(l->in, AWQ_KC) < splits * kw)
+                return false;
+        l->res_splits = splits;
+        l->res_kw = kw;
+        return true;
+}
+
 void cu_res_plan(CuLinear *l)
 {
         l->res_splits = l->res_kw = 0;
-        /* the consumer copies the chunks' sums of squares in 16-byte pieces (k_gemv_qx) */
-        if (!l->awq || l->group_size % AWQ_KC != 0 || l->out % (4 * RES_COLS) != 0 ||
-                l->pairs || l->rope_tph)
+        if (!res_takes(l))
                 return;
         uint32_t chunks = div_up(l->in, AWQ_KC);
         for (uint32_t kw = RES_KW_MAX; kw >= RES_KW_MIN; kw -= RES_KW_MAX - RES_KW_MIN)

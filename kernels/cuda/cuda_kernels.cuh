@@ -329,6 +329,11 @@ void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
  * columns than its clusters that fit on the GPU at once. */
 void cu_res_plan(CuLinear *l);
 
+/* Tests: sets l->res_splits and l->res_kw to splits and kw where cu_gemv_res takes them
+ * (kw 5 or 3, at most 4 slices, a chunk a warp), whatever cu_res_plan would pick; false,
+ * changing nothing, where not. */
+bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw);
+
 /* MoE: matrices of one shape, one per expert. l describes expert 0 (in, out, group_size,
  * splits, qw and sz of expert 0); expert e's weights are at l->qw + e*qw_units (uint4
  * units) and l->sz + e*sz_units (__half2 units). The launch has n_slots slots; slot z runs

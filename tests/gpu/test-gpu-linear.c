@@ -4,7 +4,8 @@
  * memory), the dequantize + cuBLAS path (more rows), and the dense
  * FP16 paths, on shapes that are not multiples of the kernels' tiles; a dense MLP's
  * gate|up with silu(gate) * up, which the GEMV of paired tiles ends in; and a GQA layer's
- * q|k|v with the rope, which the GEMV ends in up to 4 rows. Up to 4 rows, with
+ * q|k|v with the rope, which the GEMV ends in up to 4 rows; o and down of one row ending in
+ * the residual add and the next norm, and the GEMV after them. Up to 4 rows, with
  * groups of whole chunks, the INT4 GEMV is the integer one (x quantized to 16 bits a chunk
  * of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on the cuBLAS path the
  * weights, to FP16). */
@@ -145,6 +146,55 @@ static double check_qkv_rope(uint32_t in, uint32_t H, uint32_t KV, uint32_t hd, 
         return e;
 }
 
+/* o or down of one row ending in the residual add and the next norm (cu_gemv_res), then
+ * the integer GEMV that finishes the norm, against the CPU: h + x · W (+ bias), then
+ * (w * h / rms(h)) · C + c's bias. splits K slices (one cluster a chunk of columns) of CTAs
+ * of 2 kw warps. */
+static double check_res(uint32_t K, uint32_t N, uint32_t splits, uint32_t kw, bool bias)
+{
+        DsError err = {0};
+        const uint32_t C = 200;
+        const float eps = 1e-6f;
+        BkLinear l = rnd_linear(true, K, N, 128, bias, BK_DT_F16);
+        BkLinear c = rnd_linear(true, N, C, 128, true, BK_DT_F16);
+        float *x = rnd_f32(K, -2.0f, 2.0f), *h = rnd_f32(N, -4.0f, 4.0f);
+        float *w = rnd_f32(N, 0.5f, 1.5f);
+        float *want_h = (float *) rnd_alloc(N * 4), *xn = (float *) rnd_alloc(N * 4);
+        float *want = (float *) rnd_alloc(C * 4), *y = (float *) rnd_alloc(C * 4);
+        size_t sc = cpu_linear_scratch_size(&l);
+        if (cpu_linear_scratch_size(&c) > sc)
+                sc = cpu_linear_scratch_size(&c);
+        float *scratch = (float *) rnd_alloc(sc * 4);
+
+        /* the linear's own sum first, then the residual, as the CPU backend adds */
+        cpu_linear(&l, x, 1, want_h, scratch, NULL);
+        double ss = 0;
+        for (uint32_t i = 0; i < N; i++) {
+                want_h[i] += h[i];
+                ss += (double) want_h[i] * want_h[i];
+        }
+        float inv = (float) (1.0 / sqrt(ss / N + eps));
+        for (uint32_t i = 0; i < N; i++)
+                xn[i] = w[i] * (want_h[i] * inv);
+        cpu_linear(&c, xn, 1, want, scratch, NULL);
+        for (uint32_t i = 0; i < C; i++)
+                y[i] = NAN;
+        CHECK(cuda_test_res(&l, splits, kw, &c, x, h, w, eps, y, &err) == 0, "%s", err.msg);
+        double eh = rel_err(h, want_h, N), e = rel_err(y, want, C);
+        CHECK(eh < TOL && e < TOL,
+                "res %u->%u in %u slices of 2 x %u warps: residual error %.3g, next linear %.3g", K,
+                N, splits, kw, eh, e);
+        free(x);
+        free(h);
+        free(w);
+        free(want_h);
+        free(xn);
+        free(want);
+        free(y);
+        free(scratch);
+        return fmax(e, eh);
+}
+
 int main(void)
 {
         static const struct {
@@ -193,6 +243,16 @@ int main(void)
                 worst = fmax(worst, check_qkv_rope(1280, 4, 2, 32, r));
         }
         worst = fmax(worst, check_qkv_rope(3584, 28, 4, 128, 16));
+        /* o and down ending in the residual add and the norm: both CTA widths, 1 to 4 slices
+         * (clusters), a bias, slices of x in shared memory (16384 in 4 and 2 slices) and not
+         * (in 1: too long for it) */
+        worst = fmax(worst, check_res(512, 512, 1, 5, false));
+        worst = fmax(worst, check_res(512, 512, 2, 3, true));
+        worst = fmax(worst, check_res(1152, 768, 3, 5, false));
+        worst = fmax(worst, check_res(1152, 768, 4, 3, true));
+        worst = fmax(worst, check_res(16384, 256, 4, 5, false));
+        worst = fmax(worst, check_res(16384, 256, 2, 3, false));
+        worst = fmax(worst, check_res(16384, 256, 1, 5, true));
         printf("linear: worst relative error %.3g (tolerance %g)\n", worst, TOL);
         return 0;
 }
