@@ -2653,6 +2653,17 @@ static cudaError_t test_sync(Backend *b)
         return e == cudaSuccess ? cudaStreamSynchronize(b->st) : e;
 }
 
+/* Tests: y (n values, rows of l->out) = the sum of s slices of n values in yh, plus l's bias. */
+static void test_slices(const float *yh, uint32_t s, size_t n, const BkLinear *l, float *y)
+{
+        for (size_t i = 0; i < n; i++) {
+                float v = 0.0f;
+                for (uint32_t k = 0; k < s; k++)
+                        v += yh[k * n + i];
+                y[i] = v + (l->bias.data ? cpu_tensor_get(l->bias, i % l->out) : 0.0f);
+        }
+}
+
 extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x,
         uint32_t rows, float *h, bool *paired, bool *fused, DsError *err)
 {
@@ -2735,12 +2746,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
                 if (e == cudaSuccess)
                         e = cudaMemcpy(yh, yd, (size_t) s * rows * N * 4, cudaMemcpyDeviceToHost);
                 if (e == cudaSuccess)
-                        for (size_t i = 0; i < rows * N; i++) {
-                                float v = 0.0f;
-                                for (uint32_t k = 0; k < s; k++)
-                                        v += yh[k * rows * N + i];
-                                y[i] = v + (l->bias.data ? cpu_tensor_get(l->bias, i % N) : 0.0f);
-                        }
+                        test_slices(yh, s, rows * N, l, y);
                 if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test linear");
         }
@@ -2824,12 +2830,7 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                 if (e == cudaSuccess)
                         e = cudaMemcpy(yh, yd, (size_t) s * c->out * 4, cudaMemcpyDeviceToHost);
                 if (e == cudaSuccess)
-                        for (size_t i = 0; i < c->out; i++) {
-                                float v = 0.0f;
-                                for (uint32_t k = 0; k < s; k++)
-                                        v += yh[k * c->out + i];
-                                y[i] = v + (c->bias.data ? cpu_tensor_get(c->bias, i) : 0.0f);
-                        }
+                        test_slices(yh, s, c->out, c, y);
                 if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test res");
         }
