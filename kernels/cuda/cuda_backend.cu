@@ -335,6 +335,7 @@ static void weights_free(Backend *b)
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         b->qx = b->qx_res = CuQx{};
+        b->qx_live = b->qx_deferred = b->any_res = false;
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
                 cudaFreeHost(b->samp_hb[i]);
