@@ -8,7 +8,7 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
-#        [--gemv]
+#        [--trace L,...] [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
@@ -16,7 +16,9 @@
 #        (rN: batch N's graph replayed back to back, the step without the host's part),
 #        a line per revision and round (default 2). --gpu: first builds the revisions
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
-#        failure is reported, the timing goes on). --gemv: no checkpoints and no
+#        failure is reported, the timing goes on). --trace: after the benches, a batch-1
+#        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
+#        L, under their .env, its first lines printed. --gemv: no checkpoints and no
 #        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
 #        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second
 #        run in the same command: ab-logs-2.tgz, and so on)
@@ -68,6 +70,7 @@ run() {
         phases=b1,b8,b64
         rounds=2
         gpu=
+        trace=
         gemv=
         while [ $# -gt 0 ]; do
                 n=2
@@ -76,6 +79,7 @@ run() {
                 --phases) phases=$2 ;;
                 --rounds) rounds=$2 ;;
                 --gpu) gpu=$2 ;;
+                --trace) trace=$2 ;;
                 --gemv) gemv=1 n=1 ;;
                 *) usage ;;
                 esac
@@ -114,6 +118,9 @@ run() {
         [ -n "$gpu" ] && echo "gpu suites: $(($(date +%s) - t0)) s"
         for l in $labels; do
                 [ -d "$work/full-$l/build-dev" ] && continue
+                # the trace library where --trace names the revision
+                lib=
+                case ",$trace," in *",$l,"*) lib=tests/bench/libkernel-trace.so ;; esac
                 (
                         mkdir -p "$work/src-$l"
                         tar xzf "$ab/$l.tgz" -C "$work/src-$l"
@@ -121,7 +128,7 @@ run() {
                         meson setup "$work/build-$l" -Dcuda=enabled \
                                 -Dshared_dir="$root/.device/shared" >"$out/setup-$l.log" 2>&1 &&
                                 ninja -C "$work/build-$l" tests/bench/bench-cuda \
-                                        tests/bench/bench-gemv tools/dsquant/dsquant \
+                                        tests/bench/bench-gemv tools/dsquant/dsquant $lib \
                                         >"$out/ninja-$l.log" 2>&1 ||
                                 echo "device-ab: $l did not build: $out/ninja-$l.log"
                 ) &
@@ -182,6 +189,19 @@ run() {
                                         done
                                         echo
                                 done
+                        done
+                done
+                for l in $(echo "$trace" | tr ',' ' '); do
+                        for s in $(echo "$shapes" | tr ',' ' '); do
+                                (
+                                        [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
+                                        DSD_BENCH_ONLY=b1 \
+                                                CUDA_INJECTION64_PATH="$(bdir "$l")/tests/bench/libkernel-trace.so" \
+                                                "$(bdir "$l")/tests/bench/bench-cuda" "$work/ck-$s" \
+                                                >/dev/null 2>"$out/trace-$l-$s.log"
+                                ) || true
+                                echo "trace of $l, $s, batch 1:"
+                                head -16 "$out/trace-$l-$s.log"
                         done
                 done
         fi
