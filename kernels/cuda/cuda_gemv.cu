@@ -782,7 +782,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1, 0, 1,
                 res_xsl, c);
         pdl_trigger();
-        /* the residual, written three launches before: its load under the sums' meeting */
+        /* the residual, which an earlier launch wrote: its load under the sums' meeting */
         float h = mine ? ld_cg(r.h + col) : 0.0f;
 #pragma unroll
         for (int j = 0; j < AWQ_NT; j++)
