@@ -776,10 +776,18 @@ static void lane_wait(Backend *b, cudaEvent_t ev, cudaStream_t from, cudaStream_
                 b->side_err = e;
 }
 
-/* Whether the integer GEMV takes l's input quantized (gemv_awq's rule at one row). */
-static bool takes_qx(const Backend *b, const CuLinear *l)
+/* cu_res_plan for l, or the plan of like, a linear of the same shape planned before (the
+ * layers repeat a few shapes, and each plan asks the occupancy of 8 launches). */
+static void res_plan_like(CuLinear *l, const CuLinear **like)
 {
-        return l->awq && l->group_size % 64 == 0 && l->in == (size_t) b->qx.chunks * 64;
+        const CuLinear *p = *like;
+        if (p && p->in == l->in && p->out == l->out && p->group_size == l->group_size) {
+                l->res_splits = p->res_splits;
+                l->res_kw = p->res_kw;
+                return;
+        }
+        cu_res_plan(l);
+        *like = l;
 }
 
 /* Which o and down linears end in the residual add and the next norm's quantization at one
@@ -787,15 +795,16 @@ static bool takes_qx(const Backend *b, const CuLinear *l)
  * q|k|v) takes quantized rows. */
 static void res_plan(Backend *b)
 {
+        const CuLinear *o_like = NULL, *down_like = NULL;
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
                 CuLayer *L = &b->layers[l];
                 if (L->router.out || b->mla)
                         continue;
-                if (takes_qx(b, &L->gate_up))
-                        cu_res_plan(&L->o);
+                if (cu_qx_takes(&L->gate_up, 1, b->qx.chunks))
+                        res_plan_like(&L->o, &o_like);
                 const CuLayer *N = l + 1 < b->cfg.n_layers ? &b->layers[l + 1] : NULL;
-                if (N && takes_qx(b, &N->qkv))
-                        cu_res_plan(&L->down);
+                if (N && cu_qx_takes(&N->qkv, 1, b->qx.chunks))
+                        res_plan_like(&L->down, &down_like);
                 b->any_res = b->any_res || L->o.res_splits || L->down.res_splits;
         }
 }
@@ -1616,21 +1625,18 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
         const CuQx *qx = b->qx.items ? &b->qx : NULL;
 
-        /* whether the previous down ended in the residual add and this norm (cu_gemv_res) */
-        bool res_done = false;
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const CuLayer *L = &b->layers[l];
 
-                /* the previous layer's MLP output into the residual, attention rmsnorm */
-                b->qx_deferred = res_done;
-                if (res_done) {
+                /* the previous layer's MLP output into the residual, attention rmsnorm: done
+                 * where the previous down ended in them (cu_gemv_res) */
+                b->qx_deferred = rows == 1 && l > 0 && b->layers[l - 1].down.res_splits;
+                if (b->qx_deferred)
                         b->qx_live = true;
-                        res_done = false;
-                } else {
+                else
                         b->qx_live = cu_add_norm(b->st, b->x, prev, prev_s, prev_stride, prev_bias,
                                 prev_moe, L->attn_norm, b->xn, rows, H, c->rms_eps, NULL, true,
                                 NULL, qx);
-                }
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
                 if (b->mla)
@@ -1671,7 +1677,6 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 if (rows == 1 && L->down.res_splits) {
                         cu_gemv_res(b->st, &L->down, b->hb, b->x, b->layers[l + 1].attn_norm,
                                 &b->qx_res);
-                        res_done = true;
                         continue;
                 }
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
@@ -2775,8 +2780,8 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
         if (r == 0)
                 r = upload_linear(b, cparts, 1, true, &cd, "test res consumer", err);
         b->qx.chunks = (uint32_t) (N / 64);
-        if (r == 0 && (c->in != N || N / 64 > QX_SS_CHUNKS || !takes_qx(b, &cd) ||
-                              !cu_res_set(&d, splits, kw)))
+        if (r == 0 && (c->in != N || N / 64 > QX_SS_CHUNKS ||
+                              !cu_qx_takes(&cd, 1, b->qx.chunks) || !cu_res_set(&d, splits, kw)))
                 r = ds_error(err, -EINVAL,
                         "test res: %zu x %zu in %u slices of %u warps, then %u x %u: not taken",
                         K, N, splits, kw, c->in, c->out);

@@ -692,6 +692,12 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 awq_store<1>(a, cs, tile0, 0, pr, red);
 }
 
+bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
+{
+        return l->awq && l->group_size % AWQ_KC == 0 && rows >= 1 && rows <= QX_ROWS &&
+               (size_t) chunks * AWQ_KC == l->in;
+}
+
 /* HI: passes of 16 rows, else of 8. */
 static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
@@ -705,8 +711,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
-        if (qx && g64 && !ids && !off && !list && rows <= QX_ROWS &&
-                (size_t) qx->chunks * AWQ_KC == l->in) {
+        if (qx && !ids && !off && !list && cu_qx_takes(l, rows, qx->chunks)) {
                 bool xs = qx_takes_xs(rows, slice);
                 auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
                                 : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
@@ -897,7 +902,8 @@ void cu_res_plan(CuLinear *l)
         if (!res_takes(l))
                 return;
         uint32_t chunks = div_up(l->in, AWQ_KC);
-        for (uint32_t kw = RES_KW_MAX; kw >= RES_KW_MIN; kw -= RES_KW_MAX - RES_KW_MIN)
+        const uint32_t kws[] = {RES_KW_MAX, RES_KW_MIN};
+        for (uint32_t kw : kws)
                 for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++) {
                         cudaLaunchAttribute at;
                         cudaLaunchConfig_t cfg;
@@ -1517,9 +1523,8 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
         const CuRopeKv *rk)
 {
         /* a cluster is at most 8 CTAs where no opt-in asks for more */
-        if (!l->awq || l->rope_tph == 0 || l->rope_tph != rk->hd / 16 || !qx || rows == 0 ||
-                rows > QX_ROWS || l->splits > 8 || l->group_size % AWQ_KC != 0 ||
-                (size_t) qx->chunks * AWQ_KC != l->in)
+        if (l->rope_tph == 0 || l->rope_tph != rk->hd / 16 || !qx || l->splits > 8 ||
+                !cu_qx_takes(l, rows, qx->chunks))
                 return false;
         AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, rows, 1, l->in, NULL, NULL, 0, l->in,
                 l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->splits,

@@ -315,6 +315,11 @@ cudaError_t cu_awq_rope_tiles(cudaStream_t st, CuLinear *l, void *tmp, uint32_t 
 bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
         const CuRopeKv *rk);
 
+/* Whether the integer GEMV (cu_gemv, cu_gemv_gate_up, cu_gemv_qkv_rope) takes rows rows of
+ * l's input quantized in chunks chunks a row: AWQ with groups of whole chunks, up to
+ * QX_ROWS rows. */
+bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks);
+
 /* The GEMV of one row x (l->in) into y = x · W + bias that ends in the residual add and the
  * next norm's quantization, in place of cu_gemv and the add_norm after it (o, and down
  * where the next layer is dense): h += y, written back to h, and w * h quantized into qx
