@@ -417,7 +417,6 @@ __device__ __forceinline__ void awq_pass(const AwqArgs &a, const uint4 *qw, cons
 {
         float c[AWQ_NT][HI ? 2 : 1][4];
         awq_sums<HI, G64, XS>(a, qw, sz, tile0, c0, c1, w0, w1, p0, pr, xsl, c);
-        pdl_trigger(); /* the successor's blocks may take the SM slots of finished ones */
         awq_store<HI ? 2 : 1>(a, c, tile0, p0, pr, red);
 }
 
@@ -426,6 +425,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, !HI && G64 ? 5 : 4) k_gemv_awq(co
 {
         __shared__ AwqRed red[AWQ_KW];
         extern __shared__ __align__(16) __half awq_xsl[];
+        pdl_trigger(); /* at entry (cuda_ptx.cuh) */
         if (a.ids || a.off || a.list)
                 pdl_wait(); /* the experts and their rows come from the routing */
         uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z, r0 = 0, r1 = a.rows;
@@ -564,6 +564,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
         __shared__ AwqRed red[AWQ_KW];
         extern __shared__ __align__(16) uint4 qx_xs[];
+        pdl_trigger(); /* at entry (cuda_ptx.cuh) */
         constexpr int D = AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, pr = a.rows;
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
@@ -654,7 +655,6 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 }
         };
         awq_stream<D>(w0, w1, load, load_x, compute);
-        pdl_trigger();
         /* into awq_store's order: lane (g, t) takes rows 2t and 2t + 1, which lanes (g, 2t)
          * and (g, 2t + 1) hold */
         float cs[AWQ_NT][1][4];
@@ -769,6 +769,10 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         __shared__ float part_s[RES_MAX_SPLITS][RES_COLS];
         __shared__ float hw_s[RES_COLS], h2_s[RES_COLS];
         extern __shared__ __align__(16) __half res_xsl[];
+        /* at entry where a CTA is two to an SM (7B batch 1 -2.7%), where it is three after
+         * the sums (at entry 32B was 0.3% slower): docs/PERF.md, twenty-second session */
+        if (KW == RES_KW_MAX)
+                pdl_trigger();
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, u = threadIdx.x;
         uint32_t half = warp / KW, wq = warp % KW, s = blockIdx.y;
         uint32_t tile0 = (2 * blockIdx.x + half) * AWQ_NT;
@@ -786,7 +790,8 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         float c[AWQ_NT][1][4];
         awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1, 0, 1,
                 res_xsl, c);
-        pdl_trigger();
+        if (KW != RES_KW_MAX)
+                pdl_trigger();
         /* the residual, which an earlier launch wrote: its load under the sums' meeting */
         float h = mine ? ld_cg(r.h + col) : 0.0f;
 #pragma unroll
