@@ -89,8 +89,8 @@ __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b
  * Called at a block's entry, that is once this grid's last block has started: the
  * successor's blocks then take the SM slots the grid leaves free (a one-wave GEMV's
  * unevenly filled SMs, a last partial wave) and issue their weight loads there, while
- * this grid runs. The integer GEMVs trigger at entry: 7B batch 1 5.4%, 32B 1.3% and
- * V2-Lite 1.7% faster than triggering after their main loop, when every block was near
+ * this grid runs. The integer GEMVs trigger at entry: 7B batch 1 5.2%, 32B 1.0% and
+ * V2-Lite 1.6% faster than triggering after their main loop, when every block was near
  * its end (docs/PERF.md, twenty-second session). */
 __device__ __forceinline__ void pdl_wait()
 {
