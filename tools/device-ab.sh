@@ -8,7 +8,7 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
-#        [--trace L,...] [--gemv]
+#        [--trace L,...] [--ncu L,...] [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
@@ -18,7 +18,11 @@
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
 #        failure is reported, the timing goes on). --trace: after the benches, a batch-1
 #        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
-#        L, under their .env, its first lines printed. --gemv: no checkpoints and no
+#        L, under their .env, its first lines printed. --ncu: after those, Nsight Compute on
+#        the batch-1 GEMVs of each shape for the revisions labelled L (8 launches from the
+#        400th, each alone at the base clock, so slower than in the step): a line per launch
+#        (µs, DRAM TB/s, instructions issued a cycle a scheduler, warps an SM), the whole
+#        report in the logs. --gemv: no checkpoints and no
 #        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
 #        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second
 #        run in the same command: ab-logs-2.tgz, and so on)
@@ -71,6 +75,7 @@ run() {
         rounds=2
         gpu=
         trace=
+        ncu=
         gemv=
         while [ $# -gt 0 ]; do
                 n=2
@@ -80,6 +85,7 @@ run() {
                 --rounds) rounds=$2 ;;
                 --gpu) gpu=$2 ;;
                 --trace) trace=$2 ;;
+                --ncu) ncu=$2 ;;
                 --gemv) gemv=1 n=1 ;;
                 *) usage ;;
                 esac
@@ -202,6 +208,29 @@ run() {
                                 ) || true
                                 echo "trace of $l, $s, batch 1:"
                                 head -16 "$out/trace-$l-$s.log"
+                        done
+                done
+                for l in $(echo "$ncu" | tr ',' ' '); do
+                        for s in $(echo "$shapes" | tr ',' ' '); do
+                                (
+                                        [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
+                                        DSD_BENCH_ONLY=b1 timeout 300 ncu --kernel-name-base demangled \
+                                                --kernel-name regex:'k_gemv' --launch-skip 400 \
+                                                --launch-count 8 --section SpeedOfLight \
+                                                --section Occupancy --section LaunchStats \
+                                                --section WarpStateStats --section SchedulerStats \
+                                                --section WorkloadDistribution \
+                                                --section MemoryWorkloadAnalysis \
+                                                "$(bdir "$l")/tests/bench/bench-cuda" "$work/ck-$s"
+                                ) >"$out/ncu-$l-$s.txt" 2>&1 || true
+                                echo "ncu of $l, $s, batch 1 (us, DRAM TB/s, issued, warps an SM):"
+                                awk '/^  void k_/ { sub(/^  void /, ""); sub(/\(.*/, ""); k = $0 }
+                                        /^    Duration / { d = $NF }
+                                        /^    Memory Throughput +Tbyte\/s/ { m = $NF }
+                                        /^    Issued Warp Per Scheduler/ { i = $NF }
+                                        /^    Achieved Active Warps Per SM/ {
+                                                printf "  %-28s %8s %6s %6s %6s\n", k, d, m, i, $NF }' \
+                                        "$out/ncu-$l-$s.txt"
                         done
                 done
         fi

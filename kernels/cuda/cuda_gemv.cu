@@ -558,7 +558,8 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * reads one of their copies (with one copy, 7B and 32B batch 1 were 0.3-0.5% slower).
  * NORM still costs 0.6-1.3 us a launch (traces against the same kernel without it, timing
  * only), and neither the sums' loads (registers or shared memory) nor their addition (a
- * factor of 1, timing only) is it: docs/PERF.md, twenty-first session. */
+ * factor of 1, timing only) is it, nor the loop (its SASS a chunk is no longer than the
+ * plain kernel's): docs/PERF.md, twenty-first and twenty-second sessions. */
 template <bool XS, bool ROPE = false, bool NORM = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
