@@ -75,10 +75,7 @@ static const char *config_template(const cJSON *root)
 
 int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template, DsError *err)
 {
-        _cleanup_(cjson_deletep) cJSON *root = NULL;
         _cleanup_free_ char *buf = NULL;
-        const char *bos_text = t ? t->bos_text : NULL, *eos_text = NULL;
-        int32_t bos, eos;
         size_t len;
         int r;
 
@@ -91,7 +88,20 @@ int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_temp
         }
         if (r < 0)
                 return r;
-        root = cJSON_ParseWithLength(buf, len);
+        return tokenizer_config_from_memory(t, buf, len, path, ret_unknown_template, err);
+}
+
+int tokenizer_config_from_memory(Tokenizer *t, const char *json, size_t len, const char *path,
+        bool *ret_unknown_template, DsError *err)
+{
+        _cleanup_(cjson_deletep) cJSON *root = NULL;
+        const char *bos_text = t ? t->bos_text : NULL, *eos_text = NULL;
+        int32_t bos, eos;
+        int r;
+
+        if (!t || !json || !path || !ret_unknown_template)
+                return ds_error(err, -EINVAL, "tokenizer: invalid arguments");
+        root = cJSON_ParseWithLength(json, len);
         if (!cJSON_IsObject(root))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", path);
 

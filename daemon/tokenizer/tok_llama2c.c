@@ -11,8 +11,6 @@
 
 #include "tok_internal.h"
 
-#define LLAMA2C_PIECE_MAX 4096 /* far above any real piece; bounds hostile lengths */
-
 typedef struct L2Merge {
         float score;
         int32_t merged, left, right;
@@ -69,22 +67,33 @@ static const char LLAMA2_SKELETON[] =
 int tokenizer_json_from_llama2c(
         const char *path, uint32_t vocab_size, char **ret_json, DsError *err)
 {
-        _cleanup_(strmap_done) StrMap vocab = {};
-        _cleanup_(tokbuf_done) TokBuf merges = {};
-        _cleanup_(cjson_deletep) cJSON *root = NULL;
         _cleanup_free_ char *buf = NULL;
-        _cleanup_free_ float *scores = NULL;
-        size_t len, off = 4;
+        size_t len;
         int r;
 
         if (!path || !ret_json)
                 return ds_error(err, -EINVAL, "llama2c tokenizer: invalid arguments");
-        if (vocab_size < 3 || vocab_size > TOK_ID_MAX)
-                return ds_error(err, -DS_ERR_FORMAT, "%s: vocab size %u is not in 3..%u", path,
-                        vocab_size, TOK_ID_MAX);
         r = tokenizer_read_file(path, &buf, &len, err);
         if (r < 0)
                 return r;
+        return tokenizer_json_from_llama2c_memory(buf, len, path, vocab_size, ret_json, err);
+}
+
+int tokenizer_json_from_llama2c_memory(const char *buf, size_t len, const char *path,
+        uint32_t vocab_size, char **ret_json, DsError *err)
+{
+        _cleanup_(strmap_done) StrMap vocab = {};
+        _cleanup_(tokbuf_done) TokBuf merges = {};
+        _cleanup_(cjson_deletep) cJSON *root = NULL;
+        _cleanup_free_ float *scores = NULL;
+        size_t off = 4;
+        int r;
+
+        if (!buf || !path || !ret_json)
+                return ds_error(err, -EINVAL, "llama2c tokenizer: invalid arguments");
+        if (vocab_size < 3 || vocab_size > TOK_ID_MAX)
+                return ds_error(err, -DS_ERR_FORMAT, "%s: vocab size %u is not in 3..%u", path,
+                        vocab_size, TOK_ID_MAX);
         scores = malloc(vocab_size * sizeof(*scores));
         if (!scores)
                 return ds_error(err, -ENOMEM, "%s: out of memory", path);
@@ -101,9 +110,16 @@ int tokenizer_json_from_llama2c(
                 memcpy(&scores[id], buf + off, 4);
                 memcpy(&n, buf + off + 4, 4);
                 off += 8;
-                if (n < 0 || n > LLAMA2C_PIECE_MAX || (size_t) n > len - off || isnan(scores[id]))
+                if (n < 0 || (size_t) n > len - off || isnan(scores[id]))
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: token %u has a bad length or score", path, id);
+                /* a piece decodes to its own bytes: one the loader would refuse is refused
+                 * here, by its id, rather than in the tokenizer.json written (the fuzzer
+                 * found 4096-byte pieces passing) */
+                if ((uint32_t) n > TOK_PIECE_MAX)
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: token %u is %d bytes, more than %u", path, id, n,
+                                TOK_PIECE_MAX);
                 static const char *const specials[] = {"<unk>", "<s>", "</s>"};
                 if (id < ELEMENTSOF(specials))
                         r = tokbuf_append(&piece, specials[id], strlen(specials[id]));

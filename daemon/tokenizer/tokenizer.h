@@ -43,11 +43,18 @@ int tokenizer_load_from_memory(
  * with the result equals llama2.c run.c's encode(). *ret_json is malloc'ed. */
 int tokenizer_json_from_llama2c(
         const char *tok_bin_path, uint32_t vocab_size, char **ret_json, DsError *err);
+/* The same from the file's len bytes in memory; name is what error messages call it. */
+int tokenizer_json_from_llama2c_memory(const char *bin, size_t len, const char *name,
+        uint32_t vocab_size, char **ret_json, DsError *err);
 
 /* Reads tokenizer_config.json: bos/eos tokens, add_bos_token and the chat template
  * family, recognised from the template text. A missing file is not an error. When the
  * template is of no known family, *ret_unknown_template is set so the caller can warn. */
 int tokenizer_load_config(Tokenizer *t, const char *path, bool *ret_unknown_template, DsError *err);
+/* The same from the file's len bytes in memory; path is what error messages call it. On an
+ * error t is as it was. */
+int tokenizer_config_from_memory(Tokenizer *t, const char *json, size_t len, const char *path,
+        bool *ret_unknown_template, DsError *err);
 
 Tokenizer *tokenizer_free(Tokenizer *t);
 DEFINE_TRIVIAL_CLEANUP_FUNC(Tokenizer *, tokenizer_free);

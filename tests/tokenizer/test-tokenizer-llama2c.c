@@ -141,6 +141,26 @@ static const char *const texts[] = {
         "tabs\tand\rcarriage returns\r\n",
 };
 
+/* A tokenizer.bin of 4 pieces, the last of last bytes (ids 0-2 become <unk>, <s>, </s>). */
+static char *long_piece_bin(int32_t last)
+{
+        int32_t lens[4] = {1, 1, 1, last};
+        float score = -1.0f;
+        char *b = malloc(4 + 4 * 8 + 3 + (size_t) last);
+        size_t off = 4;
+
+        CHECK(b, "oom");
+        memcpy(b, &last, 4);
+        for (int i = 0; i < 4; i++) {
+                memcpy(b + off, &score, 4);
+                memcpy(b + off + 4, &lens[i], 4);
+                off += 8;
+                memset(b + off, 'a' + i, (size_t) lens[i]);
+                off += (size_t) lens[i];
+        }
+        return b;
+}
+
 int main(void)
 {
         _cleanup_(tokenizer_freep) Tokenizer *t = NULL;
@@ -214,6 +234,26 @@ int main(void)
                 memcpy(with_bos + 1, ids, n * sizeof(int32_t));
                 CHECK(tokenizer_decode(t, with_bos, n + 1, &dec, NULL, &err) == 0, "%s", err.msg);
                 CHECK(!strcmp(dec, "<s> Once upon"), "decode with BOS gave \"%s\"", dec);
+        }
+
+        /* A piece longer than the loader takes is refused by its id, not written into a
+         * tokenizer.json that the daemon then refuses (found by fuzz-tokenizer-llama2c). */
+        for (int32_t last = 320; last <= 321; last++) {
+                _cleanup_free_ char *j = NULL;
+                _cleanup_(tokenizer_freep) Tokenizer *tl = NULL;
+                char *b = long_piece_bin(last);
+                int r = tokenizer_json_from_llama2c_memory(
+                        b, 4 + 4 * 8 + 3 + (size_t) last, "long", 4, &j, &err);
+                free(b);
+                if (last == 320) {
+                        CHECK(r == 0, "a piece of 320 bytes: %s", err.msg);
+                        CHECK(tokenizer_load_from_memory(j, strlen(j), "long", &tl, &err) == 0,
+                                "%s", err.msg);
+                } else
+                        CHECK(r == -DS_ERR_FORMAT &&
+                                        !strcmp(err.msg,
+                                                "long: token 3 is 321 bytes, more than 320"),
+                                "a piece of 321 bytes: %s", err.msg);
         }
 
         for (int i = 0; i < VOCAB_SIZE; i++)
