@@ -115,7 +115,7 @@ int tokenizer_json_from_llama2c_memory(const char *buf, size_t len, const char *
                                 "%s: token %u has a bad length or score", path, id);
                 /* a piece decodes to its own bytes: one the loader would refuse is refused
                  * here, by its id, rather than in the tokenizer.json written (the fuzzer
-                 * found 4096-byte pieces passing) */
+                 * found pieces of up to 4096 bytes passing) */
                 if ((uint32_t) n > TOK_PIECE_MAX)
                         return ds_error(err, -DS_ERR_FORMAT,
                                 "%s: token %u is %d bytes, more than %u", path, id, n,

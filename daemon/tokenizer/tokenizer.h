@@ -40,7 +40,8 @@ int tokenizer_load_from_memory(
  * with ' ' written as U+2581, <unk>/<s>/</s> as special added tokens, byte fallback, and
  * merges derived the way Hugging Face's SentencePiece converter does (every split of a
  * piece into two pieces, ranked by the merged piece's score, highest first). Encoding
- * with the result equals llama2.c run.c's encode(). *ret_json is malloc'ed. */
+ * with the result equals llama2.c run.c's encode(). A piece of more than 320 bytes, which
+ * the loader would refuse, is refused here by its id. *ret_json is malloc'ed. */
 int tokenizer_json_from_llama2c(
         const char *tok_bin_path, uint32_t vocab_size, char **ret_json, DsError *err);
 /* The same from the file's len bytes in memory; name is what error messages call it. */
