@@ -8,7 +8,7 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
-#        [--trace L,...] [--ncu L,...] [--gemv]
+#        [--trace L,...] [--ncu L,...] [--sass L,...] [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
@@ -22,7 +22,9 @@
 #        the batch-1 GEMVs of each shape for the revisions labelled L (8 launches from the
 #        400th, each alone at the base clock, so slower than in the step): a line per launch
 #        (µs, DRAM TB/s, instructions issued a cycle a scheduler, warps an SM), the whole
-#        report in the logs. --gemv: no checkpoints and no
+#        report in the logs. --sass: the SASS of the CUDA kernels of the revisions labelled L
+#        (cuobjdump -sass of their kernel library), into the logs as sass-L.txt, with the
+#        instruction and MEMBAR counts of each GEMV kernel printed. --gemv: no checkpoints and no
 #        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
 #        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second
 #        run in the same command: ab-logs-2.tgz, and so on)
@@ -76,6 +78,7 @@ run() {
         gpu=
         trace=
         ncu=
+        sass=
         gemv=
         while [ $# -gt 0 ]; do
                 n=2
@@ -86,6 +89,7 @@ run() {
                 --gpu) gpu=$2 ;;
                 --trace) trace=$2 ;;
                 --ncu) ncu=$2 ;;
+                --sass) sass=$2 ;;
                 --gemv) gemv=1 n=1 ;;
                 *) usage ;;
                 esac
@@ -141,6 +145,15 @@ run() {
         done
         wait
         echo "builds: $(($(date +%s) - t0)) s"
+        for l in $(echo "$sass" | tr ',' ' '); do
+                cuobjdump -sass "$(bdir "$l")/kernels/libdskernels.a" >"$out/sass-$l.txt" 2>&1 || true
+                echo "sass of $l (instructions, of them MEMBAR, a GEMV kernel):"
+                awk 'function put() { if (f) printf "  %6d %3d %s\n", n, m, f }
+                        /Function : / { put(); f = $NF ~ /k_gemv/ ? $NF : ""; n = m = 0; next }
+                        f && /^[ \t]+\/\*[0-9a-f][0-9a-f][0-9a-f][0-9a-f]\*\// { n++ }
+                        f && /MEMBAR/ { m++ }
+                        END { put() }' "$out/sass-$l.txt"
+        done
         if [ -n "$gemv" ]; then
                 for r in $(seq "$rounds"); do
                         for l in $labels; do
