@@ -144,7 +144,7 @@ struct Backend {
         /* qx with the chunks' sums of squares: the rows as o and down quantize them before
          * the norm's factor at one row (cu_gemv_res), and whether the step's rows are such */
         CuQx qx_res;
-        bool qx_deferred, any_res; /* any_res: some layer's o or down takes cu_gemv_res */
+        bool qx_deferred;
         float2 *ml;
         __half *w16;
         int32_t *ids_d;
@@ -335,7 +335,7 @@ static void weights_free(Backend *b)
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         b->qx = b->qx_res = CuQx{};
-        b->qx_live = b->qx_deferred = b->any_res = false;
+        b->qx_live = b->qx_deferred = false;
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
                 cudaFreeHost(b->samp_hb[i]);
@@ -792,10 +792,11 @@ static void res_plan_like(CuLinear *l, const CuLinear **like)
 
 /* Which o and down linears end in the residual add and the next norm's quantization at one
  * row (cu_gemv_res): those of dense layers whose next linear (gate|up, the next layer's
- * q|k|v) takes quantized rows. */
-static void res_plan(Backend *b)
+ * q|k|v) takes quantized rows. Returns whether any does. */
+static bool res_plan(Backend *b)
 {
         const CuLinear *o_like = NULL, *down_like = NULL;
+        bool any = false;
         for (uint32_t l = 0; l < b->cfg.n_layers; l++) {
                 CuLayer *L = &b->layers[l];
                 if (L->router.out || b->mla)
@@ -805,8 +806,9 @@ static void res_plan(Backend *b)
                 const CuLayer *N = l + 1 < b->cfg.n_layers ? &b->layers[l + 1] : NULL;
                 if (N && cu_qx_takes(&N->qkv, 1, b->qx.chunks))
                         res_plan_like(&L->down, &down_like);
-                b->any_res = b->any_res || L->o.res_splits || L->down.res_splits;
+                any = any || L->o.res_splits || L->down.res_splits;
         }
+        return any;
 }
 
 static int scratch_alloc(Backend *b, DsError *err)
@@ -844,9 +846,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 DALLOC(b->qx.items, (size_t) QX_ROWS * b->qx.chunks * 128, "quantized rows");
                 DALLOC(b->qx.recs, (size_t) QX_ROWS * b->qx.chunks * sizeof(float2),
                         "quantized rows' scales");
-                if (b->qx.chunks <= QX_SS_CHUNKS)
-                        res_plan(b);
-                if (b->any_res) {
+                if (b->qx.chunks <= QX_SS_CHUNKS && res_plan(b)) {
                         b->qx_res = b->qx;
                         b->qx_res.eps = c->rms_eps;
                         DALLOC(b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
