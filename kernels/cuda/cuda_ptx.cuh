@@ -126,8 +126,3 @@ __device__ __forceinline__ float ld_cg(const float *p)
         asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
         return v;
 }
-
-__device__ __forceinline__ void prefetch_l2(const void *p)
-{
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
