@@ -882,10 +882,6 @@ static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const 
                       : (const void *) k_gemv_res<false, RES_KW_MIN>;
 }
 
-/* Slices first (the fewer, the fewer loads in flight: 7B at 2 slices was 9% slower than at
- * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
- * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
- * each warp at least one chunk. */
 /* Whether cu_gemv_res can take l at all: the consumer copies the chunks' sums of squares in
  * 16-byte pieces (k_gemv_qx), so the columns are whole groups of 4 chunks. */
 static bool res_takes(const CuLinear *l)
@@ -904,6 +900,10 @@ bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw)
         return true;
 }
 
+/* Slices first (the fewer, the fewer loads in flight: 7B at 2 slices was 9% slower than at
+ * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
+ * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
+ * each warp at least one chunk. */
 void cu_res_plan(CuLinear *l)
 {
         l->res_splits = l->res_kw = 0;
