@@ -785,11 +785,15 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         /* the norm's weights and the bias are constant: loaded before the wait */
         float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
         /* a CTA writes to another's shared memory only once every CTA of the cluster has
-         * started: this arrival's wait comes long after. It orders no memory: the group's
-         * arrive releases, which is a MEMBAR.ALL.GPU that waits for the loads above before
-         * the sums issue theirs */
+         * started: this arrival's wait comes long after, and it need order no memory. The
+         * group's arrive releases: a MEMBAR.ALL.GPU that waits for the loads above before
+         * the sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.1-0.4% faster and
+         * 7B (two) 0.2-0.5% slower, in three runs (docs/PERF.md, twenty-third session) */
         cg::cluster_group cluster = cg::this_cluster();
-        __cluster_barrier_arrive_relaxed();
+        if (KW == RES_KW_MAX)
+                cluster.barrier_arrive();
+        else
+                __cluster_barrier_arrive_relaxed();
         float c[AWQ_NT][1][4];
         awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1, 0, 1,
                 res_xsl, c);
