@@ -14,7 +14,8 @@
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
 #        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill
 #        (rN: batch N's graph replayed back to back, the step without the host's part),
-#        a line per revision and round (default 2). --gpu: first builds the revisions
+#        a line per revision and round (default 2), then a line per revision of its means
+#        over the rounds and, after the base, their difference from the base's in %. --gpu: first builds the revisions
 #        labelled L in full (their benches use those builds) and runs their gpu suites (a
 #        failure is reported, the timing goes on). --trace: after the benches, a batch-1
 #        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
@@ -69,6 +70,13 @@ figure() {
         r*) grep "| graph replays back to back, batch ${2#r} |" "$1" ;;
         p*) grep "| prefill ${2#p} " "$1" ;;
         esac | cut -d'|' -f3 | awk '{print $1}'
+}
+
+# the mean of label $2's figures of shape $3, phase $4 over $5 rounds in $1 (empty: none)
+mean() {
+        for r in $(seq "$5"); do
+                figure "$1/bench-$2-$3-$r.log" "$4"
+        done | awk '$1 > 0 { t += $1; n++ } END { if (n) printf "%.4f\n", t / n }'
 }
 
 run() {
@@ -208,6 +216,21 @@ run() {
                                         done
                                         echo
                                 done
+                        done
+                        for l in $labels; do
+                                printf "%-12s %5s" "$l" mean
+                                d=
+                                for p in $(echo "$phases" | tr ',' ' '); do
+                                        m=$(mean "$out" "$l" "$s" "$p" "$rounds")
+                                        b=$(mean "$out" "$base" "$s" "$p" "$rounds")
+                                        printf " %9s" "${m:--}"
+                                        [ -n "$m" ] && [ -n "$b" ] &&
+                                                m=$(awk -v m="$m" -v b="$b" \
+                                                        'BEGIN { printf "%+.2f%%", 100 * (m - b) / b }')
+                                        d="$d $(printf "%9s" "${m:--}")"
+                                done
+                                echo
+                                [ "$l" != "$base" ] && printf "%-12s %5s%s\n" "$l" "%" "$d"
                         done
                 done
                 for l in $(echo "$trace" | tr ',' ' '); do
