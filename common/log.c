@@ -13,11 +13,6 @@ void log_set_max_level(int level)
         max_level = level;
 }
 
-int log_get_max_level(void)
-{
-        return max_level;
-}
-
 static bool to_journal(void)
 {
         static int cached = -1;

@@ -15,7 +15,6 @@ enum {
 };
 
 void log_set_max_level(int level);
-int log_get_max_level(void);
 
 /* Logs and returns -abs(error) (or 0 when error is 0), for `return log_error_errno(r, ...)`. */
 int log_full_errno(int level, int error, const char *fmt, ...) _printf_(3, 4);

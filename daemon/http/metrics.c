@@ -163,14 +163,6 @@ void metrics_add(Metrics *m, MetricCounter c, uint64_t n)
         pthread_mutex_unlock(&m->lock);
 }
 
-void metrics_finished(Metrics *m, MetricReason reason)
-{
-        assert(reason >= 0 && reason < _METRIC_REASON_MAX);
-        pthread_mutex_lock(&m->lock);
-        m->finished[reason]++;
-        pthread_mutex_unlock(&m->lock);
-}
-
 static MetricReason reason_of(FinishReason f)
 {
         switch (f) {

@@ -61,7 +61,6 @@ int metrics_set_model(Metrics *m, const char *model);
 void metrics_observe(Metrics *m, MetricHistogram h, double seconds);
 void metrics_set(Metrics *m, MetricGauge g, double v);
 void metrics_add(Metrics *m, MetricCounter c, uint64_t n);
-void metrics_finished(Metrics *m, MetricReason reason);
 
 /* Accounts one engine event: a TOKEN counts a generated token and, with *last_token_ns
  * (the request's previous token's publish time, 0 before its first; kept by the caller

@@ -148,17 +148,6 @@ int strbuf_json_string(StrBuf *b, const char *s, size_t n)
         return 0;
 }
 
-void strbuf_consume(StrBuf *b, size_t n)
-{
-        if (n >= b->len) {
-                strbuf_clear(b);
-                return;
-        }
-        memmove(b->data, b->data + n, b->len - n);
-        b->len -= n;
-        b->data[b->len] = 0;
-}
-
 void strbuf_clear(StrBuf *b)
 {
         b->len = 0;

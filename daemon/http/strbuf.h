@@ -22,8 +22,6 @@ int strbuf_printf(StrBuf *b, const char *fmt, ...) _printf_(2, 3);
 /* Appends s as a JSON string literal, quotes included. Bytes that are not valid UTF-8
  * become U+FFFD, so the result is always valid JSON whatever s holds. */
 int strbuf_json_string(StrBuf *b, const char *s, size_t n);
-/* Drops the first n bytes (those sent). */
-void strbuf_consume(StrBuf *b, size_t n);
 void strbuf_clear(StrBuf *b);
 void strbuf_free(StrBuf *b);
 
