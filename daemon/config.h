@@ -13,7 +13,6 @@
 
 #include "error.h"
 
-#define DSD_CONFIG_PATH        "/etc/dsd/dsd.json"
 #define CONFIG_FILE_MAX        (1u << 20) /* a config larger than this is refused unread */
 #define CONFIG_IDS_MAX         64u        /* entries in socket.allowed_uids / allowed_gids */
 #define CONFIG_SOCKET_PATH_MAX 108        /* sizeof(struct sockaddr_un.sun_path) */

@@ -303,9 +303,6 @@ static int add_linear(Synth *s, StWriter *w, int layer, const char *base, uint32
         return 0;
 }
 
-/* Tensors per layer: 2 norms, 7 linears of 3 tensors, up to 3 biases. */
-#define SYNTH_LAYER_TENSORS (2 + 7 * 3 + 3)
-
 static bool is_deepseek(const SynthShape *sh)
 {
         return !strcmp(sh->arch, "DeepseekV2ForCausalLM");
