@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         /* a CTA writes to another's shared memory only once every CTA of the cluster has
          * started: this arrival's wait comes long after, and it need order no memory. The
          * group's arrive releases: a MEMBAR.ALL.GPU that waits for the loads above before
-         * the sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.1-0.4% faster and
+         * the sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and
          * 7B (two) 0.2-0.5% slower, in three runs (docs/PERF.md, twenty-third session) */
         cg::cluster_group cluster = cg::this_cluster();
         if (KW == RES_KW_MAX)
