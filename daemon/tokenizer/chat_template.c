@@ -95,8 +95,6 @@ int tokenizer_config_from_memory(Tokenizer *t, const char *json, size_t len, con
         bool *ret_unknown_template, DsError *err)
 {
         _cleanup_(cjson_deletep) cJSON *root = NULL;
-        const char *bos_text = t ? t->bos_text : NULL, *eos_text = NULL;
-        int32_t bos, eos;
         int r;
 
         if (!t || !json || !path || !ret_unknown_template)
@@ -105,8 +103,8 @@ int tokenizer_config_from_memory(Tokenizer *t, const char *json, size_t len, con
         if (!cJSON_IsObject(root))
                 return ds_error(err, -DS_ERR_FORMAT, "%s: not a JSON object", path);
 
-        bos = t->bos;
-        eos = t->eos;
+        const char *bos_text = t->bos_text, *eos_text = NULL;
+        int32_t bos = t->bos, eos = t->eos;
         r = config_token(t, root, "bos_token", path, &bos, &bos_text, err);
         if (r < 0)
                 return r;

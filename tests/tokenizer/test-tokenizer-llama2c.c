@@ -141,8 +141,9 @@ static const char *const texts[] = {
         "tabs\tand\rcarriage returns\r\n",
 };
 
-/* A tokenizer.bin of 4 pieces, the last of last bytes (ids 0-2 become <unk>, <s>, </s>). */
-static char *long_piece_bin(int32_t last)
+/* A tokenizer.bin of 4 pieces, the last of last bytes (ids 0-2 become <unk>, <s>, </s>),
+ * and its size in *ret_len. */
+static char *long_piece_bin(int32_t last, size_t *ret_len)
 {
         int32_t lens[4] = {1, 1, 1, last};
         float score = -1.0f;
@@ -158,6 +159,7 @@ static char *long_piece_bin(int32_t last)
                 memset(b + off, 'a' + i, (size_t) lens[i]);
                 off += (size_t) lens[i];
         }
+        *ret_len = off;
         return b;
 }
 
@@ -241,9 +243,9 @@ int main(void)
         for (int32_t last = 320; last <= 321; last++) {
                 _cleanup_free_ char *j = NULL;
                 _cleanup_(tokenizer_freep) Tokenizer *tl = NULL;
-                char *b = long_piece_bin(last);
-                int r = tokenizer_json_from_llama2c_memory(
-                        b, 4 + 4 * 8 + 3 + (size_t) last, "long", 4, &j, &err);
+                size_t len;
+                char *b = long_piece_bin(last, &len);
+                int r = tokenizer_json_from_llama2c_memory(b, len, "long", 4, &j, &err);
                 free(b);
                 if (last == 320) {
                         CHECK(r == 0, "a piece of 320 bytes: %s", err.msg);
