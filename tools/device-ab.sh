@@ -15,8 +15,8 @@
 #        DSD_BENCH_ONLY=P (default b1,b8,b64) and prints ms per decode step or per prefill
 #        (rN: batch N's graph replayed back to back, the step without the host's part),
 #        a line per revision and round (default 2), then a line per revision of its means
-#        over the rounds and, after the base, their difference from the base's in %. --gpu: first builds the revisions
-#        labelled L in full (their benches use those builds) and runs their gpu suites (a
+#        over the rounds and, after the base, their difference from the base's in %.
+#        --gpu: first builds the revisions labelled L in full (their benches use those builds) and runs their gpu suites (a
 #        failure is reported, the timing goes on). --trace: after the benches, a batch-1
 #        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
 #        L, under their .env, its first lines printed. --ncu: after those, Nsight Compute on
@@ -224,10 +224,11 @@ run() {
                                         m=$(mean "$out" "$l" "$s" "$p" "$rounds")
                                         b=$(mean "$out" "$base" "$s" "$p" "$rounds")
                                         printf " %9s" "${m:--}"
+                                        pct=
                                         [ -n "$m" ] && [ -n "$b" ] &&
-                                                m=$(awk -v m="$m" -v b="$b" \
+                                                pct=$(awk -v m="$m" -v b="$b" \
                                                         'BEGIN { printf "%+.2f%%", 100 * (m - b) / b }')
-                                        d="$d $(printf "%9s" "${m:--}")"
+                                        d="$d $(printf "%9s" "${pct:--}")"
                                 done
                                 echo
                                 [ "$l" != "$base" ] && printf "%-12s %5s%s\n" "$l" "%" "$d"
