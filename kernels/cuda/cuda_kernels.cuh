@@ -273,7 +273,8 @@ typedef struct CuSampleParams {
 
 /* ids[j] = the sampling decision of logits row j over the first vocab ids, with the
  * penalties applied to the row in place and undone before it returns (pen_saved holds the
- * raw values meanwhile, one per penalty pair). One block per row. */
+ * raw values meanwhile, one per penalty pair). A cluster of blocks per row up to 16 rows,
+ * else one block. */
 void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids);
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Sampling on the device: one block per logits row makes bk_sample's decision
- * (kernels/sample.c) from the row in place, so only ids cross to the host.
+/* Sampling on the device: one block per logits row (a cluster of them in small steps)
+ * makes bk_sample's decision (kernels/sample.c) from the row in place, so only ids cross
+ * to the host.
  *
  * Nothing is sorted. The candidate order is (logit descending, id ascending) and every
  * filter that cuts it (top-k's k-th candidate, top-p's last) is found by a weighted
@@ -19,11 +20,18 @@
 #include "sample_math.h"
 #include "cuda_ptx.cuh"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define THREADS 1024u
 #define WARPS   (THREADS / 32)
 #define BINS    2048u /* buckets of the scaled logit; also the widest radix digit */
 #define NONE    0xffffffffu
 #define FULL    0xffffffffu
+/* Blocks of a row's cluster, for steps of up to SAMPLE_CLUSTER_ROWS rows. */
+#define SAMPLE_CLUSTER      8
+#define SAMPLE_CLUSTER_ROWS 16
 
 typedef unsigned long long u64;
 
@@ -35,6 +43,8 @@ typedef struct Smem {
         int32_t bi[WARPS];
         uint32_t sel_bin, pick;
         u64 sel_rem;
+        float rank_v; /* the block's largest logit and its id, for the cluster's first */
+        int32_t rank_id;
 } Smem;
 
 /* The filters found so far; a candidate is kept when it passes all that are on. */
@@ -324,10 +334,11 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
         return true;
 }
 
-/* Largest logit and its lowest id, as bk_sample's argmax. A thread visits its ids in
- * ascending order and keeps the first of its largest; where the row allows, 16 bytes a
- * load, ARGMAX_LOADS loads in flight (one float at a time, the one block of a batch-1
- * step read 152064 logits in 16.7 us, 0.7% of the 7B step; docs/PERF.md, ninth session). */
+/* Largest logit of ids [lo, hi) and its lowest id, as bk_sample's argmax. A thread visits
+ * its ids in ascending order and keeps the first of its largest; where the row allows, 16
+ * bytes a load, ARGMAX_LOADS loads in flight (one float at a time, the one block of a
+ * batch-1 step read 152064 logits in 16.7 us, 0.7% of the 7B step; docs/PERF.md, ninth
+ * session). lo is a multiple of 4. */
 #define ARGMAX_LOADS 4
 
 __device__ __forceinline__ void argmax_take(float v, uint32_t i, float &best, int32_t &id)
@@ -338,34 +349,37 @@ __device__ __forceinline__ void argmax_take(float v, uint32_t i, float &best, in
         }
 }
 
-__device__ void block_argmax(Smem &sm, const float *row, uint32_t vocab, float *ret_v,
+__device__ void block_argmax(Smem &sm, const float *row, uint32_t lo, uint32_t hi, float *ret_v,
         int32_t *ret_id)
 {
         float best = -INFINITY;
         int32_t id = 0x7fffffff;
 
-        if (vocab % 4 == 0 && (uintptr_t) row % 16 == 0) {
+        if ((uintptr_t) row % 16 == 0) {
                 const float4 *r4 = (const float4 *) row;
-                uint32_t n4 = vocab / 4;
-                for (uint32_t b = threadIdx.x; b < n4; b += ARGMAX_LOADS * THREADS) {
+                uint32_t b1 = hi / 4;
+                for (uint32_t b = lo / 4 + threadIdx.x; b < b1; b += ARGMAX_LOADS * THREADS) {
                         float4 v[ARGMAX_LOADS];
 #pragma unroll
                         for (uint32_t j = 0; j < ARGMAX_LOADS; j++)
-                                if (b + j * THREADS < n4)
+                                if (b + j * THREADS < b1)
                                         v[j] = r4[b + j * THREADS];
 #pragma unroll
                         for (uint32_t j = 0; j < ARGMAX_LOADS; j++) {
-                                uint32_t i = 4 * (b + j * THREADS);
-                                if (i >= vocab)
+                                if (b + j * THREADS >= b1)
                                         break;
+                                uint32_t i = 4 * (b + j * THREADS);
                                 argmax_take(v[j].x, i, best, id);
                                 argmax_take(v[j].y, i + 1, best, id);
                                 argmax_take(v[j].z, i + 2, best, id);
                                 argmax_take(v[j].w, i + 3, best, id);
                         }
                 }
+                /* a last partial piece: after the thread's others, in ascending order */
+                if (4 * b1 + threadIdx.x < hi)
+                        argmax_take(row[4 * b1 + threadIdx.x], 4 * b1 + threadIdx.x, best, id);
         } else {
-                for (uint32_t i = threadIdx.x; i < vocab; i += THREADS)
+                for (uint32_t i = lo + threadIdx.x; i < hi; i += THREADS)
                         argmax_take(row[i], i, best, id);
         }
         for (int o = 16; o > 0; o >>= 1) {
@@ -393,17 +407,30 @@ __device__ void block_argmax(Smem &sm, const float *row, uint32_t vocab, float *
         *ret_id = id;
 }
 
+/* A row is one cluster: its blocks take equal runs of ids (multiples of 4), penalize their
+ * own and find their largest logit, and the first block takes the others' through
+ * distributed shared memory, then samples from the whole row (the others wait, so that the
+ * penalties stay in place). One block read a 152064-logit row's 608 KB in about 10 us of
+ * the 7B step's critical path, bound by what one SM has in flight; eight take 6.3 us (7B
+ * batch 1 0.6% faster, 32B 0.2%: docs/PERF.md, twenty-fifth session). */
 __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
 {
         pdl_wait();
         __shared__ Smem sm;
-        float *row = logits + (size_t) blockIdx.x * ld;
-        const CuSampleParams p = params[blockIdx.x];
+        cg::cluster_group cl = cg::this_cluster();
+        uint32_t nb = cl.num_blocks(), rank = cl.block_rank(), r = blockIdx.x / nb;
+        uint32_t q = (vocab + 3) / 4;
+        uint32_t lo = min(vocab, 4 * (uint32_t) ((uint64_t) q * rank / nb));
+        uint32_t hi = min(vocab, 4 * (uint32_t) ((uint64_t) q * (rank + 1) / nb));
+        float *row = logits + (size_t) r * ld;
+        const CuSampleParams p = params[r];
 
         /* penalties, in place: the ids are distinct; the raw logits come back below */
         for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS) {
                 uint2 e = pen[p.pen_off + j];
+                if (e.x < lo || e.x >= hi)
+                        continue;
                 float v = row[e.x];
                 pen_saved[p.pen_off + j] = v;
                 row[e.x] = sm_penalize(v, e.y, p.repetition, p.presence, p.frequency);
@@ -413,10 +440,27 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
         /* greedy, and rows no weight can be computed for */
         float max;
         int32_t best;
-        block_argmax(sm, row, vocab, &max, &best);
+        block_argmax(sm, row, lo, hi, &max, &best);
+        if (threadIdx.x == 0) {
+                sm.rank_v = max;
+                sm.rank_id = best;
+        }
+        /* every block's penalties in the row and its largest in its shared memory */
+        cl.sync();
         int32_t id = best;
+        if (rank == 0) {
+                /* as the warps' results meet (a run may be empty: small vocabularies) */
+                for (uint32_t k = 1; k < nb; k++) {
+                        float v = *cl.map_shared_rank(&sm.rank_v, k);
+                        int32_t i = *cl.map_shared_rank(&sm.rank_id, k);
+                        if (v > max || (v == max && i < id)) {
+                                max = v;
+                                id = i;
+                        }
+                }
+        }
 
-        if (p.temperature > 0.0f && isfinite(max)) {
+        if (rank == 0 && p.temperature > 0.0f && isfinite(max)) {
                 Filter f = {};
                 f.max = max;
                 f.temp = p.temperature;
@@ -437,15 +481,33 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
                         id = (int32_t) pick;
         }
 
-        __syncthreads();
-        for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS)
-                row[pen[p.pen_off + j].x] = pen_saved[p.pen_off + j];
-        if (threadIdx.x == 0)
-                ids[blockIdx.x] = id;
+        /* the first block is done with the others' shared memory and the penalized row */
+        cl.sync();
+        for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS) {
+                uint32_t i = pen[p.pen_off + j].x;
+                if (i >= lo && i < hi)
+                        row[i] = pen_saved[p.pen_off + j];
+        }
+        if (rank == 0 && threadIdx.x == 0)
+                ids[r] = id;
 }
 
 void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
 {
-        k_sample<<<rows, THREADS, 0, st>>>(logits, ld, vocab, params, pen, pen_saved, ids);
+        /* a cluster a row where the rows leave SMs idle: up to SAMPLE_CLUSTER_ROWS */
+        uint32_t nb = rows <= SAMPLE_CLUSTER_ROWS ? SAMPLE_CLUSTER : 1;
+        cudaLaunchAttribute at;
+        at.id = cudaLaunchAttributeClusterDimension;
+        at.val.clusterDim.x = nb;
+        at.val.clusterDim.y = 1;
+        at.val.clusterDim.z = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(rows * nb);
+        cfg.blockDim = dim3(THREADS);
+        cfg.stream = st;
+        cfg.attrs = &at;
+        cfg.numAttrs = 1;
+        /* a failed launch is the step's error, as for the <<<>>> launches */
+        cudaLaunchKernelEx(&cfg, k_sample, logits, ld, vocab, params, pen, pen_saved, ids);
 }
