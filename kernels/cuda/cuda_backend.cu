@@ -1620,8 +1620,16 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
         CuMoeSum moe;
         const CuMoeSum *prev_moe = NULL;
 
-        /* token embedding */
-        cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
+        /* token embedding; at one row into the first q|k|v's quantized rows, where the
+         * layers' o and down do the same for the GEMVs after them */
+        const CuLayer *L0 = &b->layers[0];
+        bool embed_qx = rows == 1 && b->qx_res.ss && !b->mla && !L0->router.out &&
+                        cu_qx_takes(&L0->qkv, 1, b->qx.chunks);
+        if (embed_qx)
+                cu_embed_qx(b->st, b->embed, b->meta, b->ids_d, H, b->x, L0->attn_norm,
+                        &b->qx_res);
+        else
+                cu_embed(b->st, b->embed, b->meta, b->ids_d, rows, H, b->x);
         /* the layers' add_norms quantize xn for the integer GEMV where they can (qx_live) */
         const CuQx *qx = b->qx.items ? &b->qx : NULL;
 
@@ -1630,7 +1638,8 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm: done
                  * where the previous down ended in them (cu_gemv_res) */
-                b->qx_deferred = rows == 1 && l > 0 && b->layers[l - 1].down.res_splits;
+                b->qx_deferred = rows == 1 &&
+                                 (l > 0 ? b->layers[l - 1].down.res_splits != 0 : embed_qx);
                 if (b->qx_deferred)
                         b->qx_live = true;
                 else

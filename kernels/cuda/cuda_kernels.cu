@@ -102,6 +102,80 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed(const __half *embed,
         }
 }
 
+/* An 8-lane group a chunk of 64, a lane 8 of its columns, as k_gemv_res's epilogue; a
+ * thread's rounds (at most 4: QX_SS_CHUNKS) all loaded before any store, as in k_embed. */
+#define EMBED_QX_ROUNDS (QX_SS_CHUNKS / (EMBED_THREADS / 8))
+
+__global__ void __launch_bounds__(EMBED_THREADS) k_embed_qx(const __half *embed,
+        const int32_t *tokens, const int32_t *chain, uint32_t hidden, float *x, const float *w,
+        CuQx qx)
+{
+        uint32_t lane = threadIdx.x % 32, e = lane % 8, chunks = hidden / 64;
+        pdl_wait();
+        pdl_trigger();
+        int32_t tk = tokens[0];
+        if (tk < 0)
+                tk = chain[-1 - tk];
+        const uint4 *e4 = (const uint4 *) (embed + (size_t) tk * hidden);
+        const float4 *w4 = (const float4 *) w;
+        float4 *x4 = (float4 *) x;
+        uint4 raw[EMBED_QX_ROUNDS];
+        float4 wa[EMBED_QX_ROUNDS], wb[EMBED_QX_ROUNDS];
+        /* chunk of round i: every lane of a warp takes each round (qx_chunk_f's shuffles
+         * take all 32), the lanes past the row on chunk 0 */
+        auto chunk = [&](uint32_t i) {
+                return threadIdx.x / 32 * 4 + i * (EMBED_THREADS / 8) + lane / 8;
+        };
+#pragma unroll
+        for (uint32_t i = 0; i < EMBED_QX_ROUNDS; i++) {
+                uint32_t col = 64 * (chunk(i) < chunks ? chunk(i) : 0) + 8 * e;
+                raw[i] = e4[col / 8];
+                wa[i] = w4[col / 4];
+                wb[i] = w4[col / 4 + 1];
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < EMBED_QX_ROUNDS; i++) {
+                uint32_t ch = chunk(i), col = 64 * ch + 8 * e;
+                if (__shfl_sync(0xffffffffu, ch, 0) >= chunks)
+                        break; /* the warp's rounds past the row */
+                const __half2 *h2 = (const __half2 *) &raw[i];
+                const float wv[8] = {wa[i].x, wa[i].y, wa[i].z, wa[i].w, wb[i].x, wb[i].y, wb[i].z,
+                        wb[i].w};
+                float h[8], hw[8], sq = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                        float2 f = __half22float2(h2[k]);
+                        h[2 * k] = f.x;
+                        h[2 * k + 1] = f.y;
+                }
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                        hw[k] = wv[k] * h[k];
+                        sq += h[k] * h[k];
+                }
+#pragma unroll
+                for (int o = 1; o < 8; o *= 2)
+                        sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                /* the group's first lane's sum in every copy (the lanes' trees add in
+                 * different orders) */
+                sq = __shfl_sync(0xffffffffu, sq, lane & ~7u);
+                bool live = ch < chunks;
+                qx_chunk_f(hw, live, qx.items + (size_t) ch * 32, qx.recs + ch);
+                if (!live)
+                        continue;
+                x4[col / 4] = make_float4(h[0], h[1], h[2], h[3]);
+                x4[col / 4 + 1] = make_float4(h[4], h[5], h[6], h[7]);
+                for (uint32_t c = e; c < QX_SS_COPIES; c += 8)
+                        qx.ss[c * QX_SS_CHUNKS + ch] = sq;
+        }
+}
+
+void cu_embed_qx(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
+        uint32_t hidden, float *x, const float *w, const CuQx *qx)
+{
+        k_embed_qx<<<1, EMBED_THREADS, 0, st>>>(embed, meta.tokens, chain, hidden, x, w, *qx);
+}
+
 void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
         uint32_t rows, uint32_t hidden, float *x)
 {

@@ -101,6 +101,12 @@ __device__ __forceinline__ float silu_mul(float g, float u)
         return __fdividef(g, 1.0f + expf(-g)) * u;
 }
 
+/* x[0] = the embedding of one row, as cu_embed, ending as cu_gemv_res does: w x quantized
+ * into qx (hidden a multiple of 256, at most QX_SS_CHUNKS chunks) with each chunk's sum of
+ * x^2, so that no add_norm launch sits between the embedding and the first q|k|v. */
+void cu_embed_qx(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
+        uint32_t hidden, float *x, const float *w, const CuQx *qx);
+
 /* x[m] = embed[token[m]] widened to float32; a token t < 0 is chain[-1 - t], an id the
  * step before sampled (chained steps, see cuda_submit). */
 void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *chain,
