@@ -59,7 +59,8 @@ __device__ float block_sum(float v, float *red)
 /* A token below 0 is the id sampled for row -1 - token of the step before, which that
  * step's sampler left in chain. A thread loads all its pieces of the row before it stores
  * any: a loop of load, store, load... waited on memory once a piece, since a store to x
- * might have been to the table (7B batch 1: 14 round trips, 6.4 us of the step). */
+ * might have been to the table (7B batch 1: 14 round trips, 6.8 us of the step's critical
+ * path, now 2.0; docs/PERF.md, twenty-fifth session). */
 #define EMBED_THREADS 256
 #define EMBED_PIECES  4 /* 16-byte pieces a thread: rows of up to 8192 in one round */
 
