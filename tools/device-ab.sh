@@ -16,8 +16,9 @@
 #        (rN: batch N's graph replayed back to back, the step without the host's part),
 #        a line per revision and round (default 2), then a line per revision of its means
 #        over the rounds and, after the base, their difference from the base's in %.
-#        --gpu: first builds the revisions labelled L in full (their benches use those builds) and runs their gpu suites (a
-#        failure is reported, the timing goes on). --trace: after the benches, a batch-1
+#        --gpu: first builds the revisions labelled L in full (their benches use those
+#        builds) and runs their gpu suites (a failure is reported, the timing goes on).
+#        --trace: after the benches, a batch-1
 #        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
 #        L, under their .env, its first lines printed. --ncu: after those, Nsight Compute on
 #        the batch-1 GEMVs of each shape for the revisions labelled L (8 launches from the
