@@ -1624,7 +1624,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
          * layers' o and down do the same for the GEMVs after them */
         const CuLayer *L0 = &b->layers[0];
         bool embed_qx = rows == 1 && b->qx_res.ss && !b->mla && !L0->router.out &&
-                        cu_qx_takes(&L0->qkv, 1, b->qx.chunks);
+                        H % (4 * 64) == 0 && cu_qx_takes(&L0->qkv, 1, b->qx.chunks);
         if (embed_qx)
                 cu_embed_qx(b->st, b->embed, b->meta, b->ids_d, H, b->x, L0->attn_norm,
                         &b->qx_res);

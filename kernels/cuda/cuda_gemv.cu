@@ -841,14 +841,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                         v[k] = hw_s[8 * e + k];
                         sq += h2_s[8 * e + k];
                 }
-#pragma unroll
-                for (int o = 1; o < 8; o *= 2)
-                        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-                /* lane 0's sum in every copy (the lanes' trees add in different orders) */
-                sq = __shfl_sync(0xffffffffu, sq, 0);
-                qx_chunk_f(v, lane < 8, r.qx.items + (size_t) blockIdx.x * 32, r.qx.recs + blockIdx.x);
-                if (lane < QX_SS_COPIES)
-                        r.qx.ss[lane * QX_SS_CHUNKS + blockIdx.x] = sq;
+                qx_chunk_ss(v, sq, lane < 8, r.qx, blockIdx.x);
         }
 }
 

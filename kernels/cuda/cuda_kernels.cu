@@ -103,8 +103,9 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed(const __half *embed,
         }
 }
 
-/* An 8-lane group a chunk of 64, a lane 8 of its columns, as k_gemv_res's epilogue; a
- * thread's rounds (at most 4: QX_SS_CHUNKS) all loaded before any store, as in k_embed. */
+/* An 8-lane group a chunk of 64, a lane 8 of its columns, ending as k_gemv_res does
+ * (qx_chunk_ss); a thread's rounds (at most 4: QX_SS_CHUNKS) all loaded before any store, as
+ * in k_embed. The row is whole groups of 4 chunks (the caller checks). */
 #define EMBED_QX_ROUNDS (QX_SS_CHUNKS / (EMBED_THREADS / 8))
 
 __global__ void __launch_bounds__(EMBED_THREADS) k_embed_qx(const __half *embed,
@@ -138,7 +139,8 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed_qx(const __half *embed,
         for (uint32_t i = 0; i < EMBED_QX_ROUNDS; i++) {
                 uint32_t ch = chunk(i), col = 64 * ch + 8 * e;
                 if (__shfl_sync(0xffffffffu, ch, 0) >= chunks)
-                        break; /* the warp's rounds past the row */
+                        break; /* the warp's rounds past the row: its four chunks of a round
+                                * are all in the row or all past it (chunks % 4 == 0) */
                 const __half2 *h2 = (const __half2 *) &raw[i];
                 const float wv[8] = {wa[i].x, wa[i].y, wa[i].z, wa[i].w, wb[i].x, wb[i].y, wb[i].z,
                         wb[i].w};
@@ -154,20 +156,9 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed_qx(const __half *embed,
                         hw[k] = wv[k] * h[k];
                         sq += h[k] * h[k];
                 }
-#pragma unroll
-                for (int o = 1; o < 8; o *= 2)
-                        sq += __shfl_xor_sync(0xffffffffu, sq, o);
-                /* the group's first lane's sum in every copy (the lanes' trees add in
-                 * different orders) */
-                sq = __shfl_sync(0xffffffffu, sq, lane & ~7u);
-                bool live = ch < chunks;
-                qx_chunk_f(hw, live, qx.items + (size_t) ch * 32, qx.recs + ch);
-                if (!live)
-                        continue;
+                qx_chunk_ss(hw, sq, true, qx, ch);
                 x4[col / 4] = make_float4(h[0], h[1], h[2], h[3]);
                 x4[col / 4 + 1] = make_float4(h[4], h[5], h[6], h[7]);
-                for (uint32_t c = e; c < QX_SS_COPIES; c += 8)
-                        qx.ss[c * QX_SS_CHUNKS + ch] = sq;
         }
 }
 

@@ -52,6 +52,25 @@ __device__ __forceinline__ void qx_chunk_f(const float *v, bool live, uint32_t *
                 *rec = make_float2(m / (float) QX_XMAX, __int_as_float(sum));
 }
 
+/* The end of a chunk ch of a CuQx with sums of squares (k_gemv_res, k_embed_qx): the 8-lane
+ * group of qx_chunk_f, with v its lanes' w h and sq each lane's sum of its h^2. The group's
+ * first lane's total goes into every copy of ss (the lanes' trees add in different orders,
+ * and every consumer must read the same bits). Every lane of the warp calls it; the groups
+ * with live set write. */
+__device__ __forceinline__ void qx_chunk_ss(const float *v, float sq, bool live, const CuQx &qx,
+        uint32_t ch)
+{
+        uint32_t lane = threadIdx.x % 32;
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2)
+                sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        sq = __shfl_sync(0xffffffffu, sq, lane & ~7u);
+        qx_chunk_f(v, live, qx.items + (size_t) ch * 32, qx.recs + ch);
+        if (live)
+                for (uint32_t c = lane % 8; c < QX_SS_COPIES; c += 8)
+                        qx.ss[c * QX_SS_CHUNKS + ch] = sq;
+}
+
 /* qx_chunk_f of 8 halves a lane (raw). */
 __device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
 {
