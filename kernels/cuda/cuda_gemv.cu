@@ -10,6 +10,7 @@ extern "C" {
 #include "cuda_ptx.cuh"
 #include "cuda_qx.cuh"
 #include <cooperative_groups.h>
+#include <mutex>
 
 namespace cg = cooperative_groups;
 
@@ -630,7 +631,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cp_async_wait<0>();
                 __syncthreads();
         }
-        float f[AWQ_NT][2] = {};
+        float f[AWQ_NT][2];
         auto compute = [&](int i, int st) {
                 const uint4 &b = xb[st];
                 float sx = __uint_as_float(rb[st].x);
@@ -655,42 +656,92 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                         f[j][1] += s.y * (sx * 0.0625f) * (float) dg8;
                 }
         };
-        awq_stream<D>(w0, w1, load, load_x, compute);
-        /* into awq_store's order: lane (g, t) takes rows 2t and 2t + 1, which lanes (g, 2t)
-         * and (g, 2t + 1) hold */
-        float cs[AWQ_NT][1][4];
-        uint32_t s0 = 4 * g + (2 * t) % 4, s1 = 4 * g + (2 * t + 1) % 4;
-#pragma unroll
-        for (int j = 0; j < AWQ_NT; j++) {
-                cs[j][0][0] = __shfl_sync(0xffffffffu, f[j][0], s0);
-                cs[j][0][1] = __shfl_sync(0xffffffffu, f[j][0], s1);
-                cs[j][0][2] = __shfl_sync(0xffffffffu, f[j][1], s0);
-                cs[j][0][3] = __shfl_sync(0xffffffffu, f[j][1], s1);
-        }
-        if constexpr (NORM) {
-                if (!XS) {
-                        cp_async_wait<0>();
-                        __syncthreads();
-                }
-                float tot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < QX_SS_CHUNKS / 32; i++)
-                        tot += lane + 32 * i < a.qx.chunks ? ss_s[lane + 32 * i] : 0.0f;
-#pragma unroll
-                for (int o = 16; o > 0; o /= 2)
-                        tot += __shfl_xor_sync(0xffffffffu, tot, o);
-                tot = __shfl_sync(0xffffffffu, tot, 0);
-                float inv = 1.0f / sqrtf(tot / (float) a.K + a.qx.eps);
+        /* Where the grid is fewer CTAs than units (gemv_awq), a CTA takes units blockIdx.x,
+         * + gridDim.x, ...: the next unit's first weights load while this one's sums meet
+         * and store, and the slice of x is copied once. */
+        for (uint32_t ux = blockIdx.x;;) {
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++)
+                        f[j][0] = f[j][1] = 0.0f;
+                awq_stream<D>(w0, w1, load, load_x, compute);
+                /* into awq_store's order: lane (g, t) takes rows 2t and 2t + 1, which lanes
+                 * (g, 2t) and (g, 2t + 1) hold */
+                float cs[AWQ_NT][1][4];
+                uint32_t s0 = 4 * g + (2 * t) % 4, s1 = 4 * g + (2 * t + 1) % 4;
 #pragma unroll
-                        for (int q = 0; q < 4; q++)
-                                cs[j][0][q] *= inv;
+                for (int j = 0; j < AWQ_NT; j++) {
+                        cs[j][0][0] = __shfl_sync(0xffffffffu, f[j][0], s0);
+                        cs[j][0][1] = __shfl_sync(0xffffffffu, f[j][0], s1);
+                        cs[j][0][2] = __shfl_sync(0xffffffffu, f[j][1], s0);
+                        cs[j][0][3] = __shfl_sync(0xffffffffu, f[j][1], s1);
+                }
+                uint32_t next = ux + gridDim.x;
+                bool more = !ROPE && next < a.tiles / AWQ_NT;
+                if (more) {
+                        qp = a.qw + awq_unit(next * AWQ_NT, 0, a.chunks) * 32 + lane;
+                        sp = (const uint2 *) a.sz + (size_t) next * AWQ_NT * 8 + g;
+                        awq_preload<D>(w0, w1, load);
+                }
+                if constexpr (NORM) {
+                        if (!XS) {
+                                cp_async_wait<0>();
+                                __syncthreads();
+                        }
+                        float tot = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < QX_SS_CHUNKS / 32; i++)
+                                tot += lane + 32 * i < a.qx.chunks ? ss_s[lane + 32 * i] : 0.0f;
+#pragma unroll
+                        for (int o = 16; o > 0; o /= 2)
+                                tot += __shfl_xor_sync(0xffffffffu, tot, o);
+                        tot = __shfl_sync(0xffffffffu, tot, 0);
+                        float inv = 1.0f / sqrtf(tot / (float) a.K + a.qx.eps);
+#pragma unroll
+                        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                                for (int q = 0; q < 4; q++)
+                                        cs[j][0][q] *= inv;
+                }
+                if constexpr (ROPE)
+                        qkv_rope_store(a, cs, pr, red);
+                else
+                        awq_store<1>(a, cs, tile0, 0, pr, red);
+                if (!more)
+                        break;
+                ux = next;
+                tile0 = next * AWQ_NT;
         }
-        if constexpr (ROPE)
-                qkv_rope_store(a, cs, pr, red);
-        else
-                awq_store<1>(a, cs, tile0, 0, pr, red);
+}
+
+/* The CTAs of k_gemv_qx variant k (smem dynamic bytes) resident at once on the current
+ * device, 0 if unknown. Eager steps launch it every layer, so the answers are kept: a few
+ * (variant, bytes, device) a process. */
+static uint32_t qx_slots(const void *k, size_t smem)
+{
+        struct Slots {
+                const void *k;
+                size_t smem;
+                int dev;
+                uint32_t n;
+        };
+        static Slots seen[32];
+        static uint32_t n_seen;
+        static std::mutex lock;
+        int dev = 0, n_sm = 0, per = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess)
+                return 0;
+        std::lock_guard<std::mutex> hold(lock);
+        for (uint32_t i = 0; i < n_seen; i++)
+                if (seen[i].k == k && seen[i].smem == smem && seen[i].dev == dev)
+                        return seen[i].n;
+        if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, AWQ_KW * 32, smem) !=
+                        cudaSuccess)
+                return 0;
+        uint32_t n = (uint32_t) (per * n_sm);
+        if (n_seen < sizeof(seen) / sizeof(seen[0]))
+                seen[n_seen++] = Slots{k, smem, dev, n};
+        return n;
 }
 
 bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
@@ -716,7 +767,14 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                 bool xs = qx_takes_xs(rows, slice);
                 auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
                                 : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
-                k<<<grid, AWQ_KW * 32, xs ? qx_xs_bytes(rows, slice) : 0, st>>>(a);
+                /* above a wave, one of resident CTAs that take the units in turn (7B and 32B
+                 * gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1% faster, docs/PERF.md,
+                 * twenty-sixth session) */
+                size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
+                uint32_t slots = qx_slots((const void *) k, smem);
+                if (grid.y == 1 && grid.z == 1 && slots && grid.x > slots)
+                        grid.x = slots;
+                k<<<grid, AWQ_KW * 32, smem, st>>>(a);
                 return;
         }
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)

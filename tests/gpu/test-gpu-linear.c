@@ -224,7 +224,8 @@ int main(void)
                         worst = fmax(worst, check(&l, rows[r]));
         }
         /* gate|up: the 7B shape (one slice: the GEMV ends in the swiglu, x in shared memory
-         * at 1 and 2 rows, passes of 16 at 13); 6 chunks, one slice, group 32 (the GEMV up
+         * at 1 and 2 rows, where its 1184 CTAs' units are more than one wave, so resident
+         * CTAs take them in turn; passes of 16 at 13); 6 chunks, one slice, group 32 (the GEMV up
          * to 16 rows, the partials at 37); 19 chunks in several slices (paired partials);
          * halves of 200 columns, not whole tiles (unpaired) */
         for (uint32_t r = 1; r <= 13; r += r < 2 ? 1 : 11)
