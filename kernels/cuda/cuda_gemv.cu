@@ -557,10 +557,11 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * so every CTA scales by the same factor. The sums come into shared memory by cp.async
  * after the wait, with the XS copy where there is one, and are added at the end. Each CTA
  * reads one of their copies (with one copy, 7B and 32B batch 1 were 0.3-0.5% slower).
- * NORM still costs 0.6-1.3 us a launch (traces against the same kernel without it, timing
- * only), and neither the sums' loads (registers or shared memory) nor their addition (a
- * factor of 1, timing only) is it, nor the loop (its SASS a chunk is no longer than the
- * plain kernel's): docs/PERF.md, twenty-first and twenty-second sessions. */
+ * The factor is rsqrtf(sum * (1 / K) + eps), 1 / K taken before the wait: the IEEE chain
+ * 1 / sqrtf(sum / K + eps) at the end of every CTA cost 7B batch 1 0.22% and 32B 0.38%
+ * (docs/PERF.md, twenty-sixth session); the factor is within a few ulps of k_add_norm's. The
+ * rest of what NORM costs is its end too: without the factor (timing only) 7B and 32B were
+ * 1.2% and 0.9% faster, without the sums' loads and their addition no faster. */
 template <bool XS, bool ROPE = false, bool NORM = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
@@ -606,6 +607,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 }
         };
         awq_preload<D>(w0, w1, load);
+        float rk = NORM ? 1.0f / (float) a.K : 0.0f;
         pdl_wait();
         __shared__ __align__(16) float ss_s[NORM ? QX_SS_CHUNKS : 4];
         if constexpr (NORM) {
@@ -695,7 +697,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                         for (int o = 16; o > 0; o /= 2)
                                 tot += __shfl_xor_sync(0xffffffffu, tot, o);
                         tot = __shfl_sync(0xffffffffu, tot, 0);
-                        float inv = 1.0f / sqrtf(tot / (float) a.K + a.qx.eps);
+                        float inv = rsqrtf(tot * rk + a.qx.eps);
 #pragma unroll
                         for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
