@@ -769,9 +769,9 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                 bool xs = qx_takes_xs(rows, slice);
                 auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
                                 : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
-                /* above a wave, one of resident CTAs that take the units in turn (7B and 32B
-                 * gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1% faster, docs/PERF.md,
-                 * twenty-sixth session) */
+                /* above a wave, as many CTAs as are resident at once, which take the units
+                 * in turn (7B and 32B gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1%
+                 * faster, docs/PERF.md, twenty-sixth session) */
                 size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
                 uint32_t slots = qx_slots((const void *) k, smem);
                 if (grid.y == 1 && grid.z == 1 && slots && grid.x > slots)

@@ -41,8 +41,8 @@ typedef struct CuQx {
          * h, the residual h times the norm's weights before the norm's factor, and ss[c] is
          * chunk c's sum of h^2: the integer GEMV multiplies its sums by the norm's factor
          * of the sum of ss (about 1 / sqrt(sum / K + eps): k_gemv_qx's NORM), one scalar a
-         * row. QX_SS_COPIES copies, QX_SS_CHUNKS
-         * floats apart, so that the consumer's CTAs spread their reads of them. */
+         * row. QX_SS_COPIES copies, QX_SS_CHUNKS floats apart, so that the consumer's CTAs
+         * spread their reads of them. */
         float *ss;
         float eps;
 } CuQx;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* Quantizing a linear's input into a CuQx (cuda_kernels.cuh), shared by the add_norm that
- * makes it and the tests' quantizer, so that both write the same bits. Internal to
- * kernels/cuda. */
+/* Quantizing a linear's input into a CuQx (cuda_kernels.cuh), shared by the kernels that
+ * make it (the add_norm, k_gemv_res, k_embed_qx) and the tests' quantizer, so that all
+ * write the same bits. Internal to kernels/cuda. */
 #pragma once
 
 #include "cuda_kernels.cuh"
