@@ -10,7 +10,6 @@ extern "C" {
 #include "cuda_ptx.cuh"
 #include "cuda_qx.cuh"
 #include <cooperative_groups.h>
-#include <mutex>
 
 namespace cg = cooperative_groups;
 
@@ -715,34 +714,34 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         }
 }
 
-/* The CTAs of k_gemv_qx variant k (smem dynamic bytes) resident at once on the current
- * device, 0 if unknown. Eager steps launch it every layer, so the answers are kept: a few
- * (variant, bytes, device) a process. */
-static uint32_t qx_slots(const void *k, size_t smem)
+/* CTAs of kernel k (threads, smem dynamic bytes) that the current device holds at once, 0
+ * if unknown. Asked of the runtime once per (kernel, threads, bytes, device) and kept, since
+ * eager steps launch these GEMVs every layer; the backend launches from one thread. */
+static uint32_t resident_ctas(const void *k, int threads, size_t smem)
 {
-        struct Slots {
+        struct Seen {
                 const void *k;
+                int threads;
                 size_t smem;
                 int dev;
                 uint32_t n;
         };
-        static Slots seen[32];
+        static Seen seen[32];
         static uint32_t n_seen;
-        static std::mutex lock;
         int dev = 0, n_sm = 0, per = 0;
         if (cudaGetDevice(&dev) != cudaSuccess)
                 return 0;
-        std::lock_guard<std::mutex> hold(lock);
         for (uint32_t i = 0; i < n_seen; i++)
-                if (seen[i].k == k && seen[i].smem == smem && seen[i].dev == dev)
+                if (seen[i].k == k && seen[i].threads == threads && seen[i].smem == smem &&
+                        seen[i].dev == dev)
                         return seen[i].n;
         if (cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, AWQ_KW * 32, smem) !=
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, threads, smem) !=
                         cudaSuccess)
                 return 0;
         uint32_t n = (uint32_t) (per * n_sm);
         if (n_seen < sizeof(seen) / sizeof(seen[0]))
-                seen[n_seen++] = Slots{k, smem, dev, n};
+                seen[n_seen++] = Seen{k, threads, smem, dev, n};
         return n;
 }
 
@@ -773,7 +772,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                  * in turn (7B and 32B gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1%
                  * faster, docs/PERF.md, twenty-sixth session) */
                 size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
-                uint32_t slots = qx_slots((const void *) k, smem);
+                uint32_t slots = resident_ctas((const void *) k, AWQ_KW * 32, smem);
                 if (grid.y == 1 && grid.z == 1 && slots && grid.x > slots)
                         grid.x = slots;
                 k<<<grid, AWQ_KW * 32, smem, st>>>(a);
@@ -1156,27 +1155,6 @@ __global__ void __launch_bounds__(KW * 32, AWQ_ES_CTA * AWQ_EKW / KW)
                         awq_stages, stages);
 }
 
-/* CTAs of AWQ_EKW_FEW warps the GPU holds at once, asked of the runtime once per kind
- * (the backend launches from one thread). */
-static uint32_t experts_few_wave(bool g64)
-{
-        static int wave[2] = {-1, -1};
-        int &n = wave[g64];
-        if (n < 0) {
-                int dev = 0, sms = 0, per = 0;
-                auto k = g64 ? k_gemv_experts<true, AWQ_EKW_FEW>
-                             : k_gemv_experts<false, AWQ_EKW_FEW>;
-                if (cudaGetDevice(&dev) != cudaSuccess ||
-                        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                cudaSuccess ||
-                        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, AWQ_EKW_FEW * 32,
-                                AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(g64)) != cudaSuccess)
-                        sms = per = 0;
-                n = sms * per;
-        }
-        return (uint32_t) n;
-}
-
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
@@ -1192,12 +1170,13 @@ void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
                 l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
-        bool few = (size_t) grid.x * grid.y * grid.z <= experts_few_wave(g64) &&
+        auto kf = g64 ? k_gemv_experts<true, AWQ_EKW_FEW> : k_gemv_experts<false, AWQ_EKW_FEW>;
+        uint32_t wave = resident_ctas((const void *) kf, AWQ_EKW_FEW * 32,
+                AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(g64));
+        bool few = (size_t) grid.x * grid.y * grid.z <= wave &&
                    a.chunks / l->splits >= AWQ_EKW_FEW;
         uint32_t warps = few ? AWQ_EKW_FEW : AWQ_EKW;
-        auto k = few ? (g64 ? k_gemv_experts<true, AWQ_EKW_FEW>
-                            : k_gemv_experts<false, AWQ_EKW_FEW>)
-                     : (g64 ? k_gemv_experts<true, AWQ_EKW> : k_gemv_experts<false, AWQ_EKW>);
+        auto k = few ? kf : (g64 ? k_gemv_experts<true, AWQ_EKW> : k_gemv_experts<false, AWQ_EKW>);
         k<<<grid, warps * 32, warps * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
 }
 
