@@ -18,19 +18,18 @@
 #        over the rounds and, after the base, their difference from the base's in %.
 #        --gpu: first builds the revisions labelled L in full (their benches use those
 #        builds) and runs their gpu suites (a failure is reported, the timing goes on).
-#        --trace: after the benches, a batch-1
-#        kernel trace (tests/bench/kernel-trace.c) of each shape for the revisions labelled
-#        L, under their .env, its first lines printed. --ncu: after those, Nsight Compute on
-#        the batch-1 GEMVs of each shape for the revisions labelled L (8 launches from the
-#        400th, each alone at the base clock, so slower than in the step): a line per launch
-#        (µs, DRAM TB/s, instructions issued a cycle a scheduler, warps an SM), the whole
+#        --trace: after the benches, a batch-1 kernel trace (tests/bench/kernel-trace.c) of each
+#        shape for the revisions labelled L, under their .env, its first lines printed. --ncu: after
+#        those, Nsight Compute on the batch-1 GEMVs of each shape for the revisions labelled L (8
+#        launches from the 400th, each alone at the base clock, so slower than in the step): a line
+#        per launch (µs, DRAM TB/s, instructions issued a cycle a scheduler, warps an SM), the whole
 #        report in the logs. --sass: the SASS of the CUDA kernels of the revisions labelled L
 #        (cuobjdump -sass of their kernel library), into the logs as sass-L.txt, with the
 #        instruction and MEMBAR counts of each GEMV kernel printed. --gemv: no checkpoints and no
-#        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row
-#        lines printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second
-#        run in the same command: ab-logs-2.tgz, and so on)
-#        (the run tool returns at most 8 files); without $OUT they stay in /tmp/ab.
+#        bench-cuda; each revision's bench-gemv instead, round after round, its 1- and 8-row lines
+#        printed (µs a launch). The logs come back as $OUT/ab-logs.tgz (a second run in the same
+#        command: ab-logs-2.tgz, and so on) (the run tool returns at most 8 files); without $OUT
+#        they stay in /tmp/ab.
 set -eu
 
 ab=.device/ab
