@@ -141,16 +141,10 @@ __global__ void __launch_bounds__(EMBED_THREADS) k_embed_qx(const __half *embed,
                 if (__shfl_sync(0xffffffffu, ch, 0) >= chunks)
                         break; /* the warp's rounds past the row: its four chunks of a round
                                 * are all in the row or all past it (chunks % 4 == 0) */
-                const __half2 *h2 = (const __half2 *) &raw[i];
                 const float wv[8] = {wa[i].x, wa[i].y, wa[i].z, wa[i].w, wb[i].x, wb[i].y, wb[i].z,
                         wb[i].w};
                 float h[8], hw[8], sq = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                        float2 f = __half22float2(h2[k]);
-                        h[2 * k] = f.x;
-                        h[2 * k + 1] = f.y;
-                }
+                h8_to_f(raw[i], h);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                         hw[k] = wv[k] * h[k];
@@ -806,17 +800,6 @@ void cu_swiglu(cudaStream_t st, const float *part, uint32_t splits, size_t slice
 /* Items of at most this many positions score with lanes split over the key (lane groups
  * of kl lanes, 16 bytes each, reduced by shuffles); longer ones, thread per position. */
 #define ATT_SPLIT_MAX 32
-
-__device__ __forceinline__ void h8_to_f(uint4 u, float *kf)
-{
-        const uint32_t *uw = (const uint32_t *) &u;
-#pragma unroll
-        for (uint32_t j = 0; j < 4; j++) {
-                float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&uw[j]));
-                kf[2 * j] = f.x;
-                kf[2 * j + 1] = f.y;
-        }
-}
 
 __device__ __forceinline__ float dot8(const float *q, const float *kf)
 {

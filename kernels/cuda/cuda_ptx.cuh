@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The PTX the kernels share: cp.async into shared memory, ldmatrix, mma.sync m16n8k16 with
- * fp32 accumulation, the FP16 pair <-> word casts, L2-only loads, and the controls of
- * programmatic dependent launch. Internal to kernels/cuda. */
+ * fp32 accumulation, the FP16 pair <-> word casts and 8 halves to float, L2-only loads, and
+ * the controls of programmatic dependent launch. Internal to kernels/cuda. */
 #pragma once
 
 #include <cuda_fp16.h>
@@ -15,6 +15,18 @@ __device__ __forceinline__ __half2 u32_as_h2(uint32_t u)
 __device__ __forceinline__ uint32_t h2_as_u32(__half2 h)
 {
         return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* 8 halves (16 bytes) widened to float, in order. */
+__device__ __forceinline__ void h8_to_f(uint4 u, float *f)
+{
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+                float2 p = __half22float2(u32_as_h2(w[j]));
+                f[2 * j] = p.x;
+                f[2 * j + 1] = p.y;
+        }
 }
 
 /* A 16-byte cp.async into shared memory; zeros where !valid (src is not read then). */

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "cuda_kernels.cuh"
+#include "cuda_ptx.cuh"
 
 /* The bytes (X[0], X[2], X[1], X[3]) of four signed bytes as one word: k 4t + {0, 2, 1,
  * 3}, the order of an AWQ word's nibbles. */
@@ -74,13 +75,7 @@ __device__ __forceinline__ void qx_chunk_ss(const float *v, float sq, bool live,
 /* qx_chunk_f of 8 halves a lane (raw). */
 __device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
 {
-        const __half2 *h = (const __half2 *) &raw;
         float v[8];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-                float2 f = __half22float2(h[k]);
-                v[2 * k] = f.x;
-                v[2 * k + 1] = f.y;
-        }
+        h8_to_f(raw, v);
         qx_chunk_f(v, live, item, rec);
 }
