@@ -551,16 +551,18 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
  * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
  * slice, was 9% faster (docs/PERF.md, fifteenth session). */
-/* NORM: x is w h before the norm's factor (CuQx.ss, one row): every warp adds the chunks'
- * sums of h^2 in the same order (lane by lane, then a shuffle tree whose lane 0 all take),
- * so every CTA scales by the same factor. The sums come into shared memory by cp.async
- * after the wait, with the XS copy where there is one, and are added at the end. Each CTA
- * reads one of their copies (with one copy, 7B and 32B batch 1 were 0.3-0.5% slower).
- * The factor is rsqrtf(sum * (1 / K) + eps), 1 / K taken before the wait: the IEEE chain
- * 1 / sqrtf(sum / K + eps) at the end of every CTA cost 7B batch 1 0.22% and 32B 0.38%
- * (docs/PERF.md, twenty-sixth session); the factor is within a few ulps of k_add_norm's. The
- * rest of what NORM costs is its end too: without the factor (timing only) 7B and 32B were
- * 1.2% and 0.9% faster, without the sums' loads and their addition no faster. */
+/* NORM: x is w h before the norm's factor (CuQx.ss, one row). The chunks' sums of h^2 come
+ * into shared memory by cp.async after the wait, with the XS copy where there is one, zeros
+ * past the chunks; at the end of its first unit every warp adds them in one fixed order (8
+ * lanes a quarter each, then a butterfly, in which both lanes of a pair add the same two
+ * numbers), so every CTA scales by the same factor, rsqrtf(sum * (1 / K) + eps), within a
+ * few ulps of k_add_norm's. A resident CTA keeps it for its later units. Each CTA reads
+ * one of the sums' copies (with one copy, 7B and 32B batch 1 were 0.3-0.5% slower), and
+ * 1 / K is taken before the wait. Once a CTA in three butterfly steps, instead of every
+ * unit in five and a broadcast, was 0.06-0.43% faster at 7B batch 1 and 0.02-0.20% at 32B
+ * (three runs). Earlier, from each warp's own copy of the sums, it cost more: in the
+ * stream once its last weights were in flight, 32B +1.2%; before the stream, +0.8%
+ * (docs/PERF.md, twenty-seventh session). */
 template <bool XS, bool ROPE = false, bool NORM = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
@@ -609,11 +611,13 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         float rk = NORM ? 1.0f / (float) a.K : 0.0f;
         pdl_wait();
         __shared__ __align__(16) float ss_s[NORM ? QX_SS_CHUNKS : 4];
+        static_assert(QX_SS_CHUNKS == 4 * 8 * 4, "NORM: 8 lanes of 4 16-byte pieces");
         if constexpr (NORM) {
                 /* cu_res_plan: whole 16-byte pieces */
                 const float *ss = a.qx.ss + (blockIdx.x + blockIdx.y) % QX_SS_COPIES * QX_SS_CHUNKS;
-                if (threadIdx.x < a.qx.chunks / 4)
-                        cp_async16(ss_s + 4 * threadIdx.x, ss + 4 * threadIdx.x, true);
+                if (threadIdx.x < QX_SS_CHUNKS / 4)
+                        cp_async16(ss_s + 4 * threadIdx.x, ss + 4 * threadIdx.x,
+                                4 * threadIdx.x < a.qx.chunks);
                 cp_async_commit();
         }
         if (XS) {
@@ -632,6 +636,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cp_async_wait<0>();
                 __syncthreads();
         }
+        float inv = NORM ? 0.0f : 1.0f;
         float f[AWQ_NT][2];
         auto compute = [&](int i, int st) {
                 const uint4 &b = xb[st];
@@ -684,19 +689,22 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                         awq_preload<D>(w0, w1, load);
                 }
                 if constexpr (NORM) {
-                        if (!XS) {
-                                cp_async_wait<0>();
-                                __syncthreads();
+                        if (inv == 0.0f) {
+                                if (!XS) {
+                                        cp_async_wait<0>();
+                                        __syncthreads();
+                                }
+                                const float4 *s4 = (const float4 *) ss_s + lane % 8;
+                                float4 v0 = s4[0], v1 = s4[8], v2 = s4[16], v3 = s4[24];
+                                float tot = (((v0.x + v0.y) + (v0.z + v0.w)) +
+                                                    ((v1.x + v1.y) + (v1.z + v1.w))) +
+                                            (((v2.x + v2.y) + (v2.z + v2.w)) +
+                                                    ((v3.x + v3.y) + (v3.z + v3.w)));
+#pragma unroll
+                                for (int o = 1; o < 8; o *= 2)
+                                        tot += __shfl_xor_sync(0xffffffffu, tot, o);
+                                inv = rsqrtf(tot * rk + a.qx.eps);
                         }
-                        float tot = 0.0f;
-#pragma unroll
-                        for (int i = 0; i < QX_SS_CHUNKS / 32; i++)
-                                tot += lane + 32 * i < a.qx.chunks ? ss_s[lane + 32 * i] : 0.0f;
-#pragma unroll
-                        for (int o = 16; o > 0; o /= 2)
-                                tot += __shfl_xor_sync(0xffffffffu, tot, o);
-                        tot = __shfl_sync(0xffffffffu, tot, 0);
-                        float inv = rsqrtf(tot * rk + a.qx.eps);
 #pragma unroll
                         for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
