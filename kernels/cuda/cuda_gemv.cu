@@ -192,8 +192,11 @@ __device__ __forceinline__ float warps_sum(const AwqRed *red, int j, int q, uint
 }
 
 /* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
- * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1. */
-template <int H, int KW = AWQ_KW>
+ * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1.
+ * SPREAD: every warp writes its share of the outputs, and no barrier follows, so the
+ * caller alternates two reds (a pass's red is rewritten only after the next pass's
+ * barrier, which every warp reaches after its reads). */
+template <int H, int KW = AWQ_KW, bool SPREAD = false>
 __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
         uint32_t p0, uint32_t pr, AwqRed *red)
 {
@@ -206,6 +209,41 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int r = 0; r < 4; r++)
                                 red[warp][j][4 * h + r][lane] = c[j][h][r];
         __syncthreads();
+        if constexpr (SPREAD) {
+                if (a.hb) {
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+#pragma unroll
+                                for (int r = 0; r < 4; r++) {
+                                        uint32_t i = 8 * h + 2 * t + r % 2;
+                                        if ((4 * h + r) % KW != (int) warp || i >= pr)
+                                                continue;
+                                        float v = silu_mul(warps_sum<KW>(red, 0, 4 * h + r, lane),
+                                                warps_sum<KW>(red, 1, 4 * h + r, lane));
+                                        uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                        a.hb[(size_t) row * (a.N / 2) + tile0 / 2 * AWQ_TN + g +
+                                                8 * (r / 2)] = __float2half(v);
+                                }
+                        return;
+                }
+                float *ys = a.y + blockIdx.y * a.slice_stride;
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                        for (int h = 0; h < H; h++)
+#pragma unroll
+                                for (int r = 0; r < 4; r++) {
+                                        uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
+                                        uint32_t i = 8 * h + 2 * t + r % 2;
+                                        if (((j * H + h) * 4 + r) % KW != (int) warp ||
+                                                col >= a.N || i >= pr)
+                                                continue;
+                                        uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                        ys[(size_t) row * a.N + col] =
+                                                warps_sum<KW>(red, j, 4 * h + r, lane);
+                                }
+                return;
+        }
         if (warp == 0 && a.hb) {
                 /* the CTA's tiles are gate tile tile0 / 2 and its up tile: a lane holds both
                  * sums of its columns and rows (k_swiglu4's arithmetic from here). Every
@@ -566,7 +604,7 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
 template <bool XS, bool ROPE = false, bool NORM = false>
 __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
-        __shared__ AwqRed red[AWQ_KW];
+        __shared__ AwqRed red[ROPE ? 1 : 2][AWQ_KW];
         extern __shared__ __align__(16) uint4 qx_xs[];
         pdl_trigger(); /* at entry (cuda_ptx.cuh) */
         constexpr int D = AWQ_D;
@@ -664,7 +702,11 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         };
         /* Where the grid is fewer CTAs than units (gemv_awq), a CTA takes units blockIdx.x,
          * + gridDim.x, ...: the next unit's first weights load while this one's sums meet
-         * and store, and the slice of x is copied once. */
+         * and store, and the slice of x is copied once. Every warp stores a quarter of a
+         * unit's outputs (at gate|up one SwiGLU a lane, where warp 0 did four), from the two
+         * reds in turn, so that no barrier ends a unit: 7B batch 1 0.3% faster than with
+         * warp 0 and one red (32B 0.0-0.1%; docs/PERF.md, twenty-seventh session). */
+        uint32_t par = 0;
         for (uint32_t ux = blockIdx.x;;) {
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++)
@@ -712,11 +754,12 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                                         cs[j][0][q] *= inv;
                 }
                 if constexpr (ROPE)
-                        qkv_rope_store(a, cs, pr, red);
+                        qkv_rope_store(a, cs, pr, red[0]);
                 else
-                        awq_store<1>(a, cs, tile0, 0, pr, red);
+                        awq_store<1, AWQ_KW, true>(a, cs, tile0, 0, pr, red[par]);
                 if (!more)
                         break;
+                par ^= 1;
                 ux = next;
                 tile0 = next * AWQ_NT;
         }
