@@ -519,7 +519,8 @@ __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t sli
 
 /* Whether k_gemv_qx takes its slice of x through shared memory (XS): a slice of 32 chunks
  * or more, whose copy fits beside the sums in the 48 KB a launch may take without opting
- * in. */
+ * in. (32B q|k|v's 40 chunks from L2 a chunk ahead made 32B batch 1 0.9% slower,
+ * docs/PERF.md, twenty-seventh session.) */
 static inline bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks)
 {
         return slice_chunks >= 32 &&
