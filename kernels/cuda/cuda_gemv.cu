@@ -209,42 +209,21 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int r = 0; r < 4; r++)
                                 red[warp][j][4 * h + r][lane] = c[j][h][r];
         __syncthreads();
-        if constexpr (SPREAD) {
-                if (a.hb) {
+        if (SPREAD && a.hb) {
 #pragma unroll
-                        for (int h = 0; h < H; h++)
+                for (int h = 0; h < H; h++)
 #pragma unroll
-                                for (int r = 0; r < 4; r++) {
-                                        uint32_t i = 8 * h + 2 * t + r % 2;
-                                        if ((4 * h + r) % KW != (int) warp || i >= pr)
-                                                continue;
-                                        float v = silu_mul(warps_sum<KW>(red, 0, 4 * h + r, lane),
-                                                warps_sum<KW>(red, 1, 4 * h + r, lane));
-                                        uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
-                                        a.hb[(size_t) row * (a.N / 2) + tile0 / 2 * AWQ_TN + g +
-                                                8 * (r / 2)] = __float2half(v);
-                                }
-                        return;
-                }
-                float *ys = a.y + blockIdx.y * a.slice_stride;
-#pragma unroll
-                for (int j = 0; j < AWQ_NT; j++)
-#pragma unroll
-                        for (int h = 0; h < H; h++)
-#pragma unroll
-                                for (int r = 0; r < 4; r++) {
-                                        uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
-                                        uint32_t i = 8 * h + 2 * t + r % 2;
-                                        if (((j * H + h) * 4 + r) % KW != (int) warp ||
-                                                col >= a.N || i >= pr)
-                                                continue;
-                                        uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
-                                        ys[(size_t) row * a.N + col] =
-                                                warps_sum<KW>(red, j, 4 * h + r, lane);
-                                }
-                return;
-        }
-        if (warp == 0 && a.hb) {
+                        for (int r = 0; r < 4; r++) {
+                                uint32_t i = 8 * h + 2 * t + r % 2;
+                                if ((4 * h + r) % KW != (int) warp || i >= pr)
+                                        continue;
+                                float v = silu_mul(warps_sum<KW>(red, 0, 4 * h + r, lane),
+                                        warps_sum<KW>(red, 1, 4 * h + r, lane));
+                                uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
+                                a.hb[(size_t) row * (a.N / 2) + tile0 / 2 * AWQ_TN + g +
+                                        8 * (r / 2)] = __float2half(v);
+                        }
+        } else if (!SPREAD && warp == 0 && a.hb) {
                 /* the CTA's tiles are gate tile tile0 / 2 and its up tile: a lane holds both
                  * sums of its columns and rows (k_swiglu4's arithmetic from here). Every
                  * SwiGLU first, then the stores that apply: their loads and arithmetic
@@ -269,7 +248,7 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                                                 __float2half(hv[h][r]);
                                 }
                         }
-        } else if (warp == 0) {
+        } else if (SPREAD || warp == 0) {
                 float *ys = a.y + blockIdx.y * a.slice_stride;
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++) {
@@ -277,17 +256,22 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int h = 0; h < H; h++)
 #pragma unroll
                                 for (int r = 0; r < 4; r++) {
-                                        float v = warps_sum<KW>(red, j, 4 * h + r, lane);
                                         uint32_t col = (tile0 + j) * AWQ_TN + g + 8 * (r / 2);
                                         uint32_t i = 8 * h + 2 * t + r % 2;
-                                        if (col < a.N && i < pr) {
+                                        /* SPREAD: a warp sums only the outputs it stores */
+                                        if (SPREAD && (((j * H + h) * 4 + r) % KW != (int) warp ||
+                                                              col >= a.N || i >= pr))
+                                                continue;
+                                        float v = warps_sum<KW>(red, j, 4 * h + r, lane);
+                                        if (SPREAD || (col < a.N && i < pr)) {
                                                 uint32_t row = a.list ? a.list[p0 + i] : p0 + i;
                                                 ys[(size_t) row * a.N + col] = v;
                                         }
                                 }
                 }
         }
-        __syncthreads(); /* red is reused by the next pass */
+        if constexpr (!SPREAD)
+                __syncthreads(); /* red is reused by the next pass */
 }
 
 /* The CTA's K slice [c0, c1) of chunks (blockIdx.y of a.splits) and its warp's part [w0,
