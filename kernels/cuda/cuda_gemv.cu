@@ -193,12 +193,13 @@ __device__ __forceinline__ float warps_sum(const AwqRed *red, int j, int q, uint
 
 /* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
  * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1.
- * SPREAD: every warp writes its share of the outputs, and no barrier follows, so the
- * caller alternates two reds (a pass's red is rewritten only after the next pass's
- * barrier, which every warp reaches after its reads). */
+ * SPREAD: every warp writes its share of the outputs. A barrier follows only where reuse
+ * says red's space is written next by a warp that may be ahead of the others' reads; a
+ * caller that alternates two reds passes false (a pass's red is rewritten only after the
+ * next pass's barrier, which every warp reaches after its reads). */
 template <int H, int KW = AWQ_KW, bool SPREAD = false>
 __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
-        uint32_t p0, uint32_t pr, AwqRed *red)
+        uint32_t p0, uint32_t pr, AwqRed *red, bool reuse = true)
 {
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -270,8 +271,8 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                                 }
                 }
         }
-        if constexpr (!SPREAD)
-                __syncthreads(); /* red is reused by the next pass */
+        if (!SPREAD || reuse)
+                __syncthreads(); /* red's space is reused by the next pass */
 }
 
 /* The CTA's K slice [c0, c1) of chunks (blockIdx.y of a.splits) and its warp's part [w0,
@@ -741,7 +742,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 if constexpr (ROPE)
                         qkv_rope_store(a, cs, pr, red[0]);
                 else
-                        awq_store<1, AWQ_KW, true>(a, cs, tile0, 0, pr, red[par]);
+                        awq_store<1, AWQ_KW, true>(a, cs, tile0, 0, pr, red[par], false);
                 if (!more)
                         break;
                 par ^= 1;
@@ -1082,7 +1083,7 @@ static_assert(AWQ_ES * awq_stage_bytes(true) >= sizeof(AwqRed), "a warp's sums f
 template <bool G64, int KW>
 __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *qw,
         const uint2 *sz, uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
-        char *stages0, char *stages)
+        char *stages0, char *stages, bool more)
 {
         constexpr int Q = G64 ? 1 : 2, S = AWQ_ES;
         constexpr uint32_t WB = AWQ_NT * 512, SB = Q * AWQ_NT * 64, SBYTES = awq_stage_bytes(G64);
@@ -1170,7 +1171,8 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
         cp_async_wait<0>();
         pdl_trigger();
         __syncthreads(); /* every warp is done with its stages: red takes their space */
-        awq_store<1, KW>(a, c, tile0, p0, pr, (AwqRed *) stages0);
+        /* red aliases the stages, which a next pass's loads overwrite */
+        awq_store<1, KW, true>(a, c, tile0, p0, pr, (AwqRed *) stages0, more);
 }
 
 template <bool G64, int KW>
@@ -1188,7 +1190,7 @@ __global__ void __launch_bounds__(KW * 32, AWQ_ES_CTA * AWQ_EKW / KW)
         char *stages = awq_stages + threadIdx.x / 32 * AWQ_ES * awq_stage_bytes(G64);
         for (uint32_t p0 = r0; p0 < r1; p0 += 8)
                 awq_pass_staged<G64, KW>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0),
-                        awq_stages, stages);
+                        awq_stages, stages, p0 + 8 < r1);
 }
 
 void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
