@@ -80,12 +80,13 @@ typedef struct CuLayer {
 } CuLayer;
 
 /* A step submitted and not yet collected (cuda_submit). An async one runs in the stream
- * and its ids come back into ids_pin, after which done fires; the others ran inside
- * submit and left their ids in ids. */
+ * and its sampler writes its ids into ids_pin, after which done fires; the others ran
+ * inside submit and left their ids in ids. */
 typedef struct Pending {
         bool async;
         cudaEvent_t done;
-        int32_t *ids_pin; /* (TILE_OUT) pinned */
+        int32_t *ids_pin; /* (TILE_OUT) pinned, mapped: the device writes ids_map */
+        int32_t *ids_map;
         int32_t *ids;     /* (cap) */
         uint32_t n, cap;
 } Pending;
@@ -158,12 +159,18 @@ struct Backend {
 
         /* the step's metadata: device copy, pinned host copy, fixed offsets */
         uint32_t *meta_d, *meta_h;
-        /* Pinned staging, two of each: the metadata and the sampling parameters. A
-         * submitted step's copies may still wait in the stream while the next step is
-         * planned into the other pair; meta_h, samp_h and pen_h point into the current. */
-        uint32_t *meta_hb[2];
-        CuSampleParams *samp_hb[2];
+        /* Two pairs of the metadata and the sampling parameters, each pinned and on the
+         * device: a submitted step's copies may still wait in the stream while the next
+         * step is planned into the other pair, and an async step's go up on the upload
+         * lane while the step before runs from the other pair's device copies. meta_d,
+         * meta_h, samp_* and pen_* point into the current pair. */
+        uint32_t *meta_hb[2], *meta_db[2];
+        CuSampleParams *samp_hb[2], *samp_db[2];
         uint32_t pair;
+        /* The upload lane (async steps): a pair's copies wait for used (what the stream held
+         * when the steps left that pair), and the stream for upd (the copies). */
+        cudaStream_t up;
+        cudaEvent_t used[2], upd[2];
         size_t dyn_off;
         CuMeta meta;
         const uint32_t *flash_tasks; /* device: meta array 7 */
@@ -186,7 +193,7 @@ struct Backend {
         __half *kc, *vc;
         uint32_t block_tokens, n_blocks;
 
-        cudaGraphExec_t graphs[N_BUCKETS];
+        cudaGraphExec_t graphs[N_BUCKETS][2]; /* by bucket, then the pair its reads are of */
         /* Steps submitted, a ring of three: up to two outstanding, and the newest still
          * readable after its collect, since the next submit may chain from it. */
         Pending pend[3];
@@ -281,10 +288,11 @@ static void linear_free(CuLinear *l)
 static void graphs_free(Backend *b)
 {
         for (int i = 0; i < N_BUCKETS; i++)
-                if (b->graphs[i]) {
-                        cudaGraphExecDestroy(b->graphs[i]);
-                        b->graphs[i] = NULL;
-                }
+                for (int k = 0; k < 2; k++)
+                        if (b->graphs[i][k]) {
+                                cudaGraphExecDestroy(b->graphs[i][k]);
+                                b->graphs[i][k] = NULL;
+                        }
 }
 
 static void kv_free(Backend *b)
@@ -329,7 +337,8 @@ static void weights_free(Backend *b)
         dfree(b->inv_freq);
         awq_raw_free(b);
         void *scratch[] = {b->x, b->xn, b->q, b->att, b->hb, b->part, b->acc, b->logits, b->ml,
-                b->w16, b->ids_d, b->meta_d, b->samp_d, b->pen_saved, b->xq, b->olat,
+                b->w16, b->ids_d, b->meta_db[0], b->meta_db[1], b->samp_db[0], b->samp_db[1],
+                b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
                 b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
@@ -339,8 +348,8 @@ static void weights_free(Backend *b)
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
                 cudaFreeHost(b->samp_hb[i]);
-                b->meta_hb[i] = NULL;
-                b->samp_hb[i] = NULL;
+                b->meta_hb[i] = b->meta_db[i] = NULL;
+                b->samp_hb[i] = b->samp_db[i] = NULL;
         }
         cudaFreeHost(b->ids_h);
         /* what was outstanding went with the model's scratch */
@@ -696,6 +705,23 @@ static void stage_use(Backend *b, uint32_t i)
         b->meta_h = b->meta_hb[i];
         b->samp_h = b->samp_hb[i];
         b->pen_h = (uint2 *) (b->samp_h + TILE_OUT);
+        b->samp_d = b->samp_db[i];
+        b->pen_d = (uint2 *) (b->samp_d + TILE_OUT);
+        b->meta_d = b->meta_db[i];
+        if (!b->meta_d) /* sampling alone (cuda_test_sample) */
+                return;
+        const uint32_t *m = b->meta_d;
+        size_t R = TILE_ROWS;
+        b->meta = (CuMeta){
+                .base = m,
+                .tokens = (const int32_t *) (m + 4),
+                .pos = m + 4 + R,
+                .slot = m + 4 + 2 * R,
+                .row_bt = m + 4 + 3 * R,
+                .row_items = (const uint2 *) (m + 4 + 4 * R),
+                .out_row = m + 4 + 6 * R,
+        };
+        b->flash_tasks = m + 4 + 7 * R;
 }
 
 /* The sampling buffers, for the TILE_OUT logits rows of a tile. */
@@ -708,12 +734,12 @@ static int sample_alloc(Backend *b, DsError *err)
                         "cuda backend: %u sampled ids, the sampler takes at most %u",
                         c->vocab_sample, SM_VOCAB_MAX);
         size_t samp_bytes = TILE_OUT * sizeof(CuSampleParams) + (size_t) PEN_MAX * sizeof(uint2);
-        DALLOC(b->samp_d, samp_bytes, "sampling parameters");
         DALLOC(b->pen_saved, (size_t) PEN_MAX * 4, "penalized logits");
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
+                DALLOC(b->samp_db[i], samp_bytes, "sampling parameters");
                 CU_TRY(cudaMallocHost((void **) &b->samp_hb[i], samp_bytes),
                         "pinned sampling parameters");
-        b->pen_d = (uint2 *) (b->samp_d + TILE_OUT);
+        }
         stage_use(b, 0);
         b->row_h = (float *) malloc((size_t) c->vocab_size * 4);
         b->sample_f = (float *) malloc((size_t) c->vocab_size * 4);
@@ -907,21 +933,11 @@ static int scratch_alloc(Backend *b, DsError *err)
         /* meta: header, eight arrays of rows, then items and block tables */
         b->dyn_off = (4 + 8 * R + 3) / 4 * 4;
         size_t words = b->dyn_off + 4 * (size_t) TILE_ITEMS + TILE_BT;
-        DALLOC(b->meta_d, words * 4, "step metadata");
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
+                DALLOC(b->meta_db[i], words * 4, "step metadata");
                 CU_TRY(cudaMallocHost((void **) &b->meta_hb[i], words * 4), "pinned step metadata");
+        }
         CU_TRY(cudaMallocHost((void **) &b->ids_h, TILE_OUT * 4), "pinned ids");
-        const uint32_t *m = b->meta_d;
-        b->meta = (CuMeta){
-                .base = m,
-                .tokens = (const int32_t *) (m + 4),
-                .pos = m + 4 + R,
-                .slot = m + 4 + 2 * R,
-                .row_bt = m + 4 + 3 * R,
-                .row_items = (const uint2 *) (m + 4 + 4 * R),
-                .out_row = m + 4 + 6 * R,
-        };
-        b->flash_tasks = m + 4 + 7 * R;
         return sample_alloc(b, err);
 }
 
@@ -1828,8 +1844,8 @@ static void plan_row(Backend *b, Plan *p, const BkSeq *seqs, uint32_t i, uint32_
         b->rows[r] = (Row){.seq = i, .pos = pos, .logits = logits};
 }
 
-/* Packs the block tables right after the items and uploads the metadata. */
-static int plan_finish(Backend *b, const Plan *p, DsError *err)
+/* Packs the block tables right after the items and uploads the metadata in st. */
+static int plan_finish(Backend *b, const Plan *p, cudaStream_t st, DsError *err)
 {
         uint32_t *dyn = b->meta_h + b->dyn_off;
         uint32_t bt_at = (uint32_t) b->dyn_off + 4 * p->n_items;
@@ -1841,7 +1857,7 @@ static int plan_finish(Backend *b, const Plan *p, DsError *err)
         b->meta_h[1] = (uint32_t) b->dyn_off;
         b->n_flash = p->n_flash;
         CU_TRY(cudaMemcpyAsync(b->meta_d, b->meta_h, ((size_t) bt_at + p->n_bt) * 4,
-                       cudaMemcpyHostToDevice, b->st),
+                       cudaMemcpyHostToDevice, st),
                 "step metadata");
         return 0;
 }
@@ -1882,11 +1898,12 @@ static bool pen_list(Backend *b, const BkSeq *s, uint32_t *n_pen)
         return fits;
 }
 
-/* Fills and uploads the sampling parameters of the tile's n_out logits rows, of which
- * those among the first live rows of b->rows belong to sequences (the others, graph
- * padding, are greedy). */
+/* Fills and uploads in st the sampling parameters of the tile's n_out logits rows, of
+ * which those among the first live rows of b->rows belong to sequences (the others, graph
+ * padding, are greedy). out (or NULL): where the sampler also writes the live rows' ids,
+ * mapped host memory. */
 static int sample_upload(Backend *b, const Plan *p, const BkSeq *seqs, uint32_t live,
-        DsError *err)
+        int32_t *out, cudaStream_t st, DsError *err)
 {
         uint32_t j = 0, n_pen = 0, n_out = MAX(p->n_out, 1u);
 
@@ -1917,8 +1934,10 @@ static int sample_upload(Backend *b, const Plan *p, const BkSeq *seqs, uint32_t 
                                 .pen_n = n_pen - pen_off,
                                 .seed = sp->seed,
                                 .draw = s->draw,
+                                .out = NULL,
                         };
                 }
+                q->out = out ? out + j : NULL;
                 j++;
         }
         for (; j < n_out; j++) {
@@ -1927,7 +1946,7 @@ static int sample_upload(Backend *b, const Plan *p, const BkSeq *seqs, uint32_t 
         }
         size_t bytes = n_pen ? TILE_OUT * sizeof(CuSampleParams) + (size_t) n_pen * sizeof(uint2)
                              : n_out * sizeof(CuSampleParams);
-        CU_TRY(cudaMemcpyAsync(b->samp_d, b->samp_h, bytes, cudaMemcpyHostToDevice, b->st),
+        CU_TRY(cudaMemcpyAsync(b->samp_d, b->samp_h, bytes, cudaMemcpyHostToDevice, st),
                 "sampling parameters");
         return 0;
 }
@@ -1993,9 +2012,9 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
          * that nobody reads. */
         if (p->n_out == 0)
                 meta_arr(b, 6)[0] = 0;
-        int r = plan_finish(b, p, err);
+        int r = plan_finish(b, p, b->st, err);
         if (r == 0)
-                r = sample_upload(b, p, seqs, p->rows, err);
+                r = sample_upload(b, p, seqs, p->rows, NULL, b->st, err);
         if (r < 0)
                 return r;
         forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true, p->n_seqs <= ATT_SMALL_STEP);
@@ -2084,9 +2103,11 @@ static cudaError_t pdl_edges(const Backend *b, cudaGraph_t g)
 
 /* Plans and launches the decode graph of seqs, sequence i fed tok[i] (or its token when
  * tok is NULL; below 0, a chained one: see cu_embed). *ret_p gets the plan of the live
- * rows, whose ids the graph leaves in ids_d in sequence order. */
+ * rows, whose ids the graph leaves in ids_d in sequence order, and with out (mapped host
+ * memory) there too. With out, the step's copies go up on the upload lane, beside what
+ * the stream still runs of the other pair. */
 static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t *tok,
-        Plan *ret_p, DsError *err)
+        int32_t *out, Plan *ret_p, DsError *err)
 {
         uint32_t which, bucket = decode_bucket(n, &which);
         Plan p = plan_new(n);
@@ -2114,13 +2135,21 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                 }
                 p.rows = bucket;
         }
-        int r = plan_finish(b, &p, err);
+        cudaStream_t cp = out ? b->up : b->st;
+        if (out)
+                CU_TRY(cudaStreamWaitEvent(b->up, b->used[b->pair], 0), "upload lane");
+        int r = plan_finish(b, &p, cp, err);
         if (r == 0)
-                r = sample_upload(b, &p, seqs, n, err);
+                r = sample_upload(b, &p, seqs, n, out, cp, err);
         if (r < 0)
                 return r;
+        if (out) {
+                CU_TRY(cudaEventRecord(b->upd[b->pair], b->up), "upload lane");
+                CU_TRY(cudaStreamWaitEvent(b->st, b->upd[b->pair], 0), "upload lane");
+        }
 
-        if (!b->graphs[which]) {
+        cudaGraphExec_t *exec = &b->graphs[which][b->pair];
+        if (!*exec) {
                 cudaGraph_t g;
                 b->n_lib = 0;
                 b->lib_lost = false;
@@ -2142,14 +2171,14 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                         cudaGraphDestroy(g);
                         return r;
                 }
-                e = cudaGraphInstantiate(&b->graphs[which], g, 0);
+                e = cudaGraphInstantiate(exec, g, 0);
                 cudaGraphDestroy(g);
                 if (e != cudaSuccess) {
-                        b->graphs[which] = NULL;
+                        *exec = NULL;
                         return cuda_fail(err, e, "graph instantiation");
                 }
         }
-        CU_TRY(cudaGraphLaunch(b->graphs[which], b->st), "graph launch");
+        CU_TRY(cudaGraphLaunch(*exec, b->st), "graph launch");
         p.rows = n; /* hand out the live rows only */
         p.n_out = n;
         *ret_p = p;
@@ -2159,7 +2188,7 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
 static int run_graph(Backend *b, const BkSeq *seqs, uint32_t n, int32_t *ret_ids, DsError *err)
 {
         Plan p;
-        int r = graph_launch(b, seqs, n, NULL, &p, err);
+        int r = graph_launch(b, seqs, n, NULL, NULL, &p, err);
         if (r < 0)
                 return r;
         return tile_outputs(b, &p, seqs, ret_ids, err);
@@ -2169,11 +2198,11 @@ extern "C" int cuda_bench_replay(Backend *b, uint32_t rows, uint32_t n, double *
 {
         uint32_t which;
         decode_bucket(rows, &which);
-        if (!b || rows == 0 || n == 0 || which >= N_BUCKETS || !b->graphs[which])
+        if (!b || rows == 0 || n == 0 || which >= N_BUCKETS || !b->graphs[which][b->pair])
                 return ds_error(err, -ENOENT, "cuda backend: no decode graph for %u rows", rows);
         CU_TRY(cudaSetDevice(b->dev), "device");
         float ms = 0;
-        CU_TRY(cu_graph_time(b->st, b->graphs[which], n, &ms), "graph replays");
+        CU_TRY(cu_graph_time(b->st, b->graphs[which][b->pair], n, &ms), "graph replays");
         *us = ms * 1e3 / n;
         return 0;
 }
@@ -2435,8 +2464,21 @@ static int pend_ready(Backend *b, Pending *pd, uint32_t n, DsError *err)
 {
         if (!pd->done)
                 CU_TRY(cudaEventCreateWithFlags(&pd->done, cudaEventDisableTiming), "step event");
-        if (!pd->ids_pin)
-                CU_TRY(cudaMallocHost((void **) &pd->ids_pin, TILE_OUT * 4), "pinned ids");
+        if (!pd->ids_pin) {
+                CU_TRY(cudaHostAlloc((void **) &pd->ids_pin, TILE_OUT * 4, cudaHostAllocMapped),
+                        "pinned ids");
+                CU_TRY(cudaHostGetDevicePointer((void **) &pd->ids_map, pd->ids_pin, 0),
+                        "pinned ids");
+        }
+        if (!b->up) {
+                CU_TRY(cudaStreamCreateWithFlags(&b->up, cudaStreamNonBlocking), "upload lane");
+                for (int i = 0; i < 2; i++) {
+                        CU_TRY(cudaEventCreateWithFlags(&b->used[i], cudaEventDisableTiming),
+                                "upload lane");
+                        CU_TRY(cudaEventCreateWithFlags(&b->upd[i], cudaEventDisableTiming),
+                                "upload lane");
+                }
+        }
         if (n > pd->cap) {
                 int32_t *ids = (int32_t *) realloc(pd->ids, (size_t) n * 4);
                 if (!ids)
@@ -2507,13 +2549,15 @@ static int cuda_submit(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *
         r = pend_ready(b, pd, n_seqs, err);
         if (r < 0)
                 return r;
-        /* the other staging pair: the copies of the step before may not have run yet */
+        /* the other staging pair: the copies of the step before may not have run yet, nor
+         * the stream's reads of its device copies, which the upload lane waits for */
+        CU_TRY(cudaEventRecord(b->used[b->pair], b->st), "upload lane");
         stage_use(b, b->pair ^ 1);
         if (async_step(b, seqs, n_seqs)) {
                 Plan p;
                 r = async_tokens(b, seqs, n_seqs, prev, err);
                 if (r == 0)
-                        r = graph_launch(b, seqs, n_seqs, b->chain_tok, &p, err);
+                        r = graph_launch(b, seqs, n_seqs, b->chain_tok, pd->ids_map, &p, err);
                 if (r < 0)
                         return r;
                 bool host = false;
@@ -2526,9 +2570,6 @@ static int cuda_submit(Backend *b, const BkSeq *seqs, uint32_t n_seqs, DsError *
                                 return r;
                         pd->async = false;
                 } else {
-                        CU_TRY(cudaMemcpyAsync(pd->ids_pin, b->ids_d, (size_t) n_seqs * 4,
-                                       cudaMemcpyDeviceToHost, b->st),
-                                "ids");
                         CU_TRY(cudaEventRecord(pd->done, b->st), "step event");
                         pd->async = true;
                 }
@@ -2588,6 +2629,14 @@ static void cuda_free(Backend *b)
                 cudaEventDestroy(b->fork);
         if (b->join)
                 cudaEventDestroy(b->join);
+        if (b->up)
+                cudaStreamDestroy(b->up);
+        for (int i = 0; i < 2; i++) {
+                if (b->used[i])
+                        cudaEventDestroy(b->used[i]);
+                if (b->upd[i])
+                        cudaEventDestroy(b->upd[i]);
+        }
         for (size_t i = 0; i < ELEMENTSOF(b->pend); i++) {
                 if (b->pend[i].done)
                         cudaEventDestroy(b->pend[i].done);
@@ -3152,7 +3201,7 @@ extern "C" int cuda_test_sample(const float *logits, uint32_t rows, uint32_t voc
                                 .seq = i, .pos = seqs[i].pos + seqs[i].n_tokens - 1, .logits = true};
                 e = cudaMemcpyAsync(b->logits, logits, bytes, cudaMemcpyHostToDevice, b->st);
                 if (e == cudaSuccess)
-                        r = sample_upload(b, &p, seqs, rows, err);
+                        r = sample_upload(b, &p, seqs, rows, NULL, b->st, err);
                 if (r == 0 && e == cudaSuccess) {
                         if (exec)
                                 e = cudaGraphLaunch(exec, b->st);

@@ -276,12 +276,13 @@ typedef struct CuSampleParams {
         float repetition, presence, frequency;
         uint32_t pen_off, pen_n;
         uint64_t seed, draw;
+        int32_t *out; /* NULL, or where the id goes too: mapped host memory */
 } CuSampleParams;
 
-/* ids[j] = the sampling decision of logits row j over the first vocab ids, with the
- * penalties applied to the row in place and undone before it returns (pen_saved holds the
- * raw values meanwhile, one per penalty pair). A cluster of blocks per row up to 16 rows,
- * else one block. */
+/* ids[j] (and *params[j].out) = the sampling decision of logits row j over the first
+ * vocab ids, with the penalties applied to the row in place and undone before it returns
+ * (pen_saved holds the raw values meanwhile, one per penalty pair). A cluster of blocks
+ * per row up to 16 rows, else one block. */
 void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids);
 

@@ -488,8 +488,13 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
                 if (i >= lo && i < hi)
                         row[i] = pen_saved[p.pen_off + j];
         }
-        if (rank == 0 && threadIdx.x == 0)
+        if (rank == 0 && threadIdx.x == 0) {
                 ids[r] = id;
+                /* the host's copy without a copy in the stream after the step: a copy's
+                 * round trip cost the 7B decode step 12 µs (docs/PERF.md) */
+                if (p.out)
+                        *p.out = id;
+        }
 }
 
 void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
