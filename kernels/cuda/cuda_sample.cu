@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
         if (rank == 0 && threadIdx.x == 0) {
                 ids[r] = id;
                 /* the host's copy without a copy in the stream after the step: a copy's
-                 * round trip cost the 7B decode step 12 µs (docs/PERF.md) */
+                 * round trip cost the 7B decode step 11 µs (docs/PERF.md) */
                 if (p.out)
                         *p.out = id;
         }
