@@ -89,3 +89,11 @@ int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emi
         GenResult *ret, DsError *err);
 
 uint64_t now_usec(void);
+
+/* Runs a prompt of prefill_tokens ids, then decode steps of 1, 2, 4 .. up to max_seqs
+ * sequences (as many as the free KV blocks allow), each as the scheduler runs them (one
+ * step submitted, chained ones after it), on KV blocks of its own that it releases: a
+ * device backend's first use of its kernels, libraries and decode graphs happens here
+ * rather than in the first requests. The outputs are thrown away; the model's state is
+ * what it was. */
+int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsError *err);

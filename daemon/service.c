@@ -194,6 +194,22 @@ static void *loader_thread(void *userdata)
                 BkConfig *bc = &l->engine->model->bk.cfg;
                 bc->max_positions = MIN(bc->max_positions, l->cfg.limits.context_length);
         }
+        /* A device backend's first use of its kernels costs the first requests (a host
+         * backend has none, and its steps are slow enough that warming would delay the
+         * start for nothing). */
+        SchedLimits lim;
+        limits_of(&l->cfg, sv->opt, &lim);
+        if (l->r >= 0 && l->engine->ops->mem_info && sched_limits_check(&lim, &l->err) == 0) {
+                uint64_t t0 = now_usec();
+                (void) notify_status("warming up %s", l->cfg.model);
+                /* the longest prefill chunk a step takes, and the most sequences */
+                l->r = engine_warm_up(l->engine, lim.max_seqs, lim.step_tokens, &l->err);
+                if (l->r >= 0)
+                        log_info("Warmed up '%s' in %.0f ms: prompts of up to %u tokens, "
+                                 "decode steps of up to %u sequences",
+                                l->cfg.model, (double) (now_usec() - t0) / 1e3, lim.step_tokens,
+                                lim.max_seqs);
+        }
         (void) !write(sv->loader_fd, &one, sizeof(one));
         return NULL;
 }

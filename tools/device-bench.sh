@@ -2,7 +2,8 @@
 # The GPU benchmark in one device command: builds with tools/device-build.sh, runs the gpu
 # suite (a failing check stops here), writes the synthetic checkpoints, benches them, traces
 # their batch-1 step kernel by kernel (libkernel-trace.so), serves them from dsd to dsbench
-# (1 and 8 requests in flight) and prints the tables last. Logs
+# (1 and 8 requests in flight, once the daemon serves: it listens while it loads) and
+# prints the tables last. Logs
 # go to $OUT (or /tmp). Shapes: qwen2-7b deepseek-v2-lite by default, qwen2-32b too with
 # --full (decode batch 1 and prefill 2048 only: 78 GiB).
 #   tools/device-bench.sh [--full]
@@ -44,12 +45,13 @@ for m in q7 v2l; do
         build-dev/daemon/dsd --model /tmp/$m --backend cuda --bus none --socket $sock \
                 --kv-bytes 8589934592 --max-batch 64 >"$out/dsd-$m.log" 2>&1 &
         pid=$!
-        for i in $(seq 240); do [ -S $sock ] && break; sleep 0.25; done
+        # the socket listens while the model loads; the requests must not wait for it
+        for i in $(seq 240); do grep -q "^Serving" "$out/dsd-$m.log" && break; sleep 0.25; done
         for c in 1 8; do
                 echo "dsbench $m, $c in flight:"
                 build-dev/tools/dsbench/dsbench --socket $sock --concurrency $c \
                         --requests $((3 * c)) --max-tokens 256 --rtt-rounds 100 2>&1 |
-                        grep -E "throughput|inter-token|delivery"
+                        grep -E "throughput|first token|inter-token|delivery"
         done
         kill $pid
         wait $pid

@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: MIT */
+/* Running every kind of step a request will take once, on sequences of its own, before
+ * the daemon serves: a device backend pays for a kernel's, a library's and a decode
+ * graph's first use when it happens (the CUDA runtime loads modules lazily, cuBLAS sets
+ * itself up on its first call, a decode bucket's graph is captured on its first step).
+ * Unwarmed, the first request after a start took a 7B model's first token in 93 ms
+ * instead of 5.4 (docs/PERF.md, twenty-ninth session). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define WARM_CHAINED 2 /* chained steps after each first step: both staging pairs */
+#define WARM_SHORT   32 /* the short prompt's tokens */
+
+typedef struct WarmUp {
+        Engine *e;
+        uint32_t n;         /* sequences */
+        uint32_t *blocks;   /* the first sequence's first blocks, then one each */
+        uint32_t first;     /* the first sequence's blocks: the prefill and decode steps */
+        uint32_t *pos;      /* each sequence's next position */
+        int32_t *tokens;    /* the prefill's ids, and each decode token */
+        int32_t ids[1024];  /* one step's sampled ids */
+        BkSeq seqs[1024];
+} WarmUp;
+
+static void warm_seq(WarmUp *w, uint32_t i, uint32_t n_tokens, bool chained)
+{
+        w->seqs[i] = (BkSeq){
+                .tokens = w->tokens,
+                .n_tokens = n_tokens,
+                .pos = w->pos[i],
+                .blocks = w->blocks + (i == 0 ? 0 : w->first + i - 1),
+                .n_blocks = i == 0 ? w->first : 1,
+                .sample = true,
+                .sampling = {.repetition_penalty = 1.0f, .top_p = 1.0f},
+                .chained = chained,
+                .prev = i,
+        };
+        w->pos[i] += n_tokens;
+}
+
+/* Steps of the first k sequences as the scheduler runs decoding: one submitted, then
+ * chained ones, each submitted before the one before it is collected. */
+static int warm_decode(WarmUp *w, uint32_t k, DsError *err)
+{
+        const BackendOps *ops = w->e->ops;
+        uint32_t out = 0; /* steps submitted and not collected */
+        int r = 0;
+
+        for (uint32_t s = 0; r == 0 && s <= WARM_CHAINED; s++) {
+                for (uint32_t i = 0; i < k; i++)
+                        warm_seq(w, i, 1, s > 0);
+                r = ops->submit(w->e->be, w->seqs, k, err);
+                if (r == 0)
+                        out++;
+                if (r == 0 && out == 2) {
+                        r = ops->collect(w->e->be, w->ids, k, err);
+                        out--;
+                }
+        }
+        /* what is still outstanding, also after a failure (its error is the first one) */
+        for (DsError spare = {}; out > 0; out--) {
+                int c = ops->collect(w->e->be, w->ids, k, r < 0 ? &spare : err);
+                if (r == 0)
+                        r = c;
+        }
+        return r;
+}
+
+int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsError *err)
+{
+        const uint32_t decode_steps = 1 + WARM_CHAINED;
+        uint32_t bt = e->block_tokens, vocab = e->model->bk.cfg.vocab_sample;
+        WarmUp w = {.e = e};
+        int r;
+
+        if (max_seqs > ELEMENTSOF(w.seqs))
+                max_seqs = ELEMENTSOF(w.seqs);
+        uint32_t most = e->model->bk.cfg.max_positions;
+        prefill_tokens = MIN(prefill_tokens, most > decode_steps ? most - decode_steps : 0);
+        /* the others take their decode steps from position 0, within one block */
+        w.first = (prefill_tokens + decode_steps + bt - 1) / bt;
+        if (prefill_tokens == 0 || vocab == 0 || decode_steps > bt || e->kv.n_free < w.first)
+                return ds_error(err, -ENOSPC,
+                        "warm-up: the KV cache has %u free blocks, a %u-token prompt needs %u",
+                        e->kv.n_free, prefill_tokens, w.first);
+        w.n = MIN(max_seqs, e->kv.n_free - w.first + 1);
+        uint32_t n_blocks = w.first + w.n - 1;
+        w.blocks = calloc(n_blocks, sizeof(*w.blocks));
+        w.pos = calloc(w.n, sizeof(*w.pos));
+        w.tokens = calloc(prefill_tokens, sizeof(*w.tokens));
+        if (!w.blocks || !w.pos || !w.tokens) {
+                r = ds_error(err, -ENOMEM, "warm-up: out of memory");
+                goto out;
+        }
+        r = kv_pool_alloc(&e->kv, n_blocks, w.blocks);
+        if (r < 0) {
+                ds_error(err, r, "warm-up: no KV blocks");
+                goto out;
+        }
+        for (uint32_t i = 0; i < prefill_tokens; i++)
+                w.tokens[i] = (int32_t) (i % vocab);
+
+        /* a short prompt and a long one (the kernels and library routines differ with the
+         * rows), then decode steps of 1, 2, 4 .. sequences: the backend's buckets */
+        r = 0;
+        for (uint32_t len = MIN(WARM_SHORT, prefill_tokens); r == 0; len = prefill_tokens) {
+                w.pos[0] = 0;
+                warm_seq(&w, 0, len, false);
+                r = e->ops->step(e->be, w.seqs, 1, w.ids, err);
+                if (len == prefill_tokens)
+                        break;
+        }
+        for (uint32_t k = 1; r == 0; k = k * 2 > w.n && k < w.n ? w.n : k * 2) {
+                for (uint32_t i = 0; i < k; i++)
+                        w.pos[i] = i == 0 ? prefill_tokens : 0;
+                r = warm_decode(&w, k, err);
+                if (k == w.n)
+                        break;
+        }
+        kv_pool_release(&e->kv, w.blocks, n_blocks);
+out:
+        free(w.blocks);
+        free(w.pos);
+        free(w.tokens);
+        return r;
+}

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/* engine_warm_up on the synthetic model, through the CPU backend's submit and collect: it
+ * returns every KV block it took, leaves the model generating exactly the text it
+ * generated before, covers more sequences than the cache would hold at full length (the
+ * others take one block each), and refuses, naming the numbers, a cache too small for
+ * its prompt. */
+#include <errno.h>
+#include <string.h>
+
+#include "engine.h"
+#include "test_util.h"
+
+typedef struct Text {
+        char buf[65536];
+        size_t len;
+} Text;
+
+static void collect(void *userdata, const char *text, size_t len)
+{
+        Text *t = userdata;
+        CHECK(t->len + len < sizeof(t->buf), "output too long");
+        memcpy(t->buf + t->len, text, len);
+        t->len += len;
+        t->buf[t->len] = 0;
+}
+
+static void generate(Engine *e, Text *t)
+{
+        GenParams gp = {.max_tokens = 40, .sampling = {.temperature = 0, .top_p = 1}};
+        GenResult res;
+        DsError err = {};
+        CHECK(engine_generate(e, "The quick brown fox", &gp, collect, t, &res, &err) == 0, "%s",
+                err.msg);
+        CHECK(res.generated_tokens > 0, "nothing generated");
+}
+
+int main(void)
+{
+        _cleanup_(engine_freep) Engine *e = NULL;
+        static Text before, after;
+        DsError err = {};
+
+        EngineOptions eo = {.kv_block_tokens = 16, .kv_bytes = 0};
+        CHECK(engine_open(test_build("models/tiny"), &eo, &e, &err) == 0, "%s", err.msg);
+        generate(e, &before);
+
+        uint32_t free0 = e->kv.n_free;
+        CHECK(free0 > 8, "the cache has %u blocks", free0);
+        /* more sequences than blocks of a full-length prompt: one block each after the first */
+        uint32_t prompt = 5 * 16 - 2;
+        CHECK(engine_warm_up(e, 13, prompt, &err) == 0, "%s", err.msg);
+        CHECK(e->kv.n_free == free0, "warm-up kept %u of %u blocks", free0 - e->kv.n_free, free0);
+        generate(e, &after);
+        CHECK(after.len == before.len && memcmp(after.buf, before.buf, before.len) == 0,
+                "the text after the warm-up differs:\n%s\nbefore:\n%s", after.buf, before.buf);
+
+        /* a cache of fewer blocks than the prompt needs: refused, nothing taken */
+        uint32_t held = e->kv.n_free - 2, *ids = calloc(held, sizeof(*ids));
+        CHECK(ids && kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
+        int r = engine_warm_up(e, 4, prompt, &err);
+        CHECK(r == -ENOSPC, "warm-up with 2 free blocks returned %d", r);
+        CHECK(strstr(err.msg, "2 free blocks") && strstr(err.msg, "78-token prompt"),
+                "message: %s", err.msg);
+        CHECK(e->kv.n_free == 2, "the refused warm-up took blocks: %u free", e->kv.n_free);
+        kv_pool_release(&e->kv, ids, held);
+        free(ids);
+        printf("warm-up: %u blocks back, the same %zu bytes of text\n", free0, before.len);
+        return 0;
+}
