@@ -3,26 +3,28 @@
  * the daemon serves: a device backend pays for a kernel's, a library's and a decode
  * graph's first use when it happens (the CUDA runtime loads modules lazily, cuBLAS sets
  * itself up on its first call, a decode bucket's graph is captured on its first step).
- * Unwarmed, the first request after a start took a 7B model's first token in 93 ms
- * instead of 5.4 (docs/PERF.md, twenty-ninth session). */
+ * Unwarmed, the first of a 7B model's requests after a start waited 93 ms for its first
+ * token, where later ones waited 5.5; warmed up, 18 (docs/PERF.md, twenty-ninth
+ * session). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
 
-#define WARM_CHAINED 2 /* chained steps after each first step: both staging pairs */
+#define WARM_CHAINED 2  /* chained steps after each first step: both staging pairs */
 #define WARM_SHORT   32 /* the short prompt's tokens */
 
 typedef struct WarmUp {
         Engine *e;
-        uint32_t n;         /* sequences */
-        uint32_t *blocks;   /* the first sequence's first blocks, then one each */
-        uint32_t first;     /* the first sequence's blocks: the prefill and decode steps */
-        uint32_t *pos;      /* each sequence's next position */
-        int32_t *tokens;    /* the prefill's ids, and each decode token */
-        int32_t ids[1024];  /* one step's sampled ids */
-        BkSeq seqs[1024];
+        uint32_t n;       /* sequences */
+        uint32_t *blocks; /* the first sequence's, then each other's */
+        uint32_t first;   /* the first sequence's blocks: its prompt and decode steps */
+        uint32_t other;   /* another's: its decode steps from position 0 */
+        uint32_t *pos;    /* each sequence's next position */
+        int32_t *tokens;  /* the prompt's ids, and each decode token */
+        int32_t *ids;     /* (n) a step's sampled ids */
+        BkSeq *seqs;      /* (n) */
 } WarmUp;
 
 static void warm_seq(WarmUp *w, uint32_t i, uint32_t n_tokens, bool chained)
@@ -31,8 +33,8 @@ static void warm_seq(WarmUp *w, uint32_t i, uint32_t n_tokens, bool chained)
                 .tokens = w->tokens,
                 .n_tokens = n_tokens,
                 .pos = w->pos[i],
-                .blocks = w->blocks + (i == 0 ? 0 : w->first + i - 1),
-                .n_blocks = i == 0 ? w->first : 1,
+                .blocks = w->blocks + (i == 0 ? 0 : w->first + (i - 1) * w->other),
+                .n_blocks = i == 0 ? w->first : w->other,
                 .sample = true,
                 .sampling = {.repetition_penalty = 1.0f, .top_p = 1.0f},
                 .chained = chained,
@@ -76,22 +78,26 @@ int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsErro
         WarmUp w = {.e = e};
         int r;
 
-        if (max_seqs > ELEMENTSOF(w.seqs))
-                max_seqs = ELEMENTSOF(w.seqs);
         uint32_t most = e->model->bk.cfg.max_positions;
         prefill_tokens = MIN(prefill_tokens, most > decode_steps ? most - decode_steps : 0);
-        /* the others take their decode steps from position 0, within one block */
+        if (prefill_tokens == 0 || vocab == 0 || max_seqs == 0)
+                return ds_error(err, -EINVAL,
+                        "warm-up: a context of %u positions, %u sequences: nothing to run", most,
+                        max_seqs);
         w.first = (prefill_tokens + decode_steps + bt - 1) / bt;
-        if (prefill_tokens == 0 || vocab == 0 || decode_steps > bt || e->kv.n_free < w.first)
+        w.other = (decode_steps + bt - 1) / bt;
+        if (e->kv.n_free < w.first)
                 return ds_error(err, -ENOSPC,
                         "warm-up: the KV cache has %u free blocks, a %u-token prompt needs %u",
                         e->kv.n_free, prefill_tokens, w.first);
-        w.n = MIN(max_seqs, e->kv.n_free - w.first + 1);
-        uint32_t n_blocks = w.first + w.n - 1;
+        w.n = MIN(max_seqs, 1 + (e->kv.n_free - w.first) / w.other);
+        uint32_t n_blocks = w.first + (w.n - 1) * w.other;
         w.blocks = calloc(n_blocks, sizeof(*w.blocks));
         w.pos = calloc(w.n, sizeof(*w.pos));
         w.tokens = calloc(prefill_tokens, sizeof(*w.tokens));
-        if (!w.blocks || !w.pos || !w.tokens) {
+        w.ids = calloc(w.n, sizeof(*w.ids));
+        w.seqs = calloc(w.n, sizeof(*w.seqs));
+        if (!w.blocks || !w.pos || !w.tokens || !w.ids || !w.seqs) {
                 r = ds_error(err, -ENOMEM, "warm-up: out of memory");
                 goto out;
         }
@@ -125,5 +131,7 @@ out:
         free(w.blocks);
         free(w.pos);
         free(w.tokens);
+        free(w.ids);
+        free(w.seqs);
         return r;
 }

@@ -2,8 +2,9 @@
 /* engine_warm_up on the synthetic model, through the CPU backend's submit and collect: it
  * returns every KV block it took, leaves the model generating exactly the text it
  * generated before, covers more sequences than the cache would hold at full length (the
- * others take one block each), and refuses, naming the numbers, a cache too small for
- * its prompt. */
+ * others take one block each, or two where a block is 2 positions), runs as many of the
+ * sequences asked for as the free blocks hold, and refuses, naming the numbers, a cache
+ * too small for its prompt. */
 #include <errno.h>
 #include <string.h>
 
@@ -54,16 +55,32 @@ int main(void)
         CHECK(after.len == before.len && memcmp(after.buf, before.buf, before.len) == 0,
                 "the text after the warm-up differs:\n%s\nbefore:\n%s", after.buf, before.buf);
 
-        /* a cache of fewer blocks than the prompt needs: refused, nothing taken */
-        uint32_t held = e->kv.n_free - 2, *ids = calloc(held, sizeof(*ids));
+        /* a cache that holds the prompt and three more sequences of the 13 asked for */
+        uint32_t *ids = calloc(free0, sizeof(*ids)), held = free0 - (6 + 3);
         CHECK(ids && kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
+        CHECK(engine_warm_up(e, 13, prompt, &err) == 0, "%s", err.msg);
+        CHECK(e->kv.n_free == 9, "warm-up in 9 free blocks left %u", e->kv.n_free);
+        kv_pool_release(&e->kv, ids, held);
+
+        /* a cache of fewer blocks than the prompt needs: refused, nothing taken */
+        held = e->kv.n_free - 2;
+        CHECK(kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
         int r = engine_warm_up(e, 4, prompt, &err);
         CHECK(r == -ENOSPC, "warm-up with 2 free blocks returned %d", r);
-        CHECK(strstr(err.msg, "2 free blocks") && strstr(err.msg, "78-token prompt"),
-                "message: %s", err.msg);
+        CHECK(strstr(err.msg, "2 free blocks") && strstr(err.msg, "78-token prompt"), "message: %s",
+                err.msg);
         CHECK(e->kv.n_free == 2, "the refused warm-up took blocks: %u free", e->kv.n_free);
         kv_pool_release(&e->kv, ids, held);
         free(ids);
+
+        /* blocks of 2 positions: each decode sequence takes two */
+        _cleanup_(engine_freep) Engine *e2 = NULL;
+        eo.kv_block_tokens = 2;
+        CHECK(engine_open(test_build("models/tiny"), &eo, &e2, &err) == 0, "%s", err.msg);
+        uint32_t free2 = e2->kv.n_free;
+        CHECK(engine_warm_up(e2, 5, 7, &err) == 0, "%s", err.msg);
+        CHECK(e2->kv.n_free == free2, "warm-up kept %u of %u blocks of 2", free2 - e2->kv.n_free,
+                free2);
         printf("warm-up: %u blocks back, the same %zu bytes of text\n", free0, before.len);
         return 0;
 }
