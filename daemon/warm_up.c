@@ -78,18 +78,18 @@ int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsErro
         WarmUp w = {.e = e};
         int r;
 
-        uint32_t most = e->model->bk.cfg.max_positions;
-        prefill_tokens = MIN(prefill_tokens, most > decode_steps ? most - decode_steps : 0);
+        /* the prompt within the context and the free blocks, its decode steps after it */
+        uint64_t most =
+                MIN((uint64_t) e->model->bk.cfg.max_positions, (uint64_t) e->kv.n_free * bt);
+        prefill_tokens = (uint32_t) MIN(
+                (uint64_t) prefill_tokens, most > decode_steps ? most - decode_steps : 0);
         if (prefill_tokens == 0 || vocab == 0 || max_seqs == 0)
-                return ds_error(err, -EINVAL,
-                        "warm-up: a context of %u positions, %u sequences: nothing to run", most,
-                        max_seqs);
+                return ds_error(err, -ENOSPC,
+                        "warm-up: %u free KV blocks of %u positions and a context of %u "
+                        "positions leave no room for a prompt and %u decode steps",
+                        e->kv.n_free, bt, e->model->bk.cfg.max_positions, decode_steps);
         w.first = (prefill_tokens + decode_steps + bt - 1) / bt;
         w.other = (decode_steps + bt - 1) / bt;
-        if (e->kv.n_free < w.first)
-                return ds_error(err, -ENOSPC,
-                        "warm-up: the KV cache has %u free blocks, a %u-token prompt needs %u",
-                        e->kv.n_free, prefill_tokens, w.first);
         w.n = MIN(max_seqs, 1 + (e->kv.n_free - w.first) / w.other);
         uint32_t n_blocks = w.first + (w.n - 1) * w.other;
         w.blocks = calloc(n_blocks, sizeof(*w.blocks));

@@ -3,8 +3,8 @@
  * returns every KV block it took, leaves the model generating exactly the text it
  * generated before, covers more sequences than the cache would hold at full length (the
  * others take one block each, or two where a block is 2 positions), runs as many of the
- * sequences asked for as the free blocks hold, and refuses, naming the numbers, a cache
- * too small for its prompt. */
+ * sequences asked for as the free blocks hold, shortens its prompt to what two free
+ * blocks hold, and refuses, naming the numbers, a cache with no free block. */
 #include <errno.h>
 #include <string.h>
 
@@ -62,14 +62,16 @@ int main(void)
         CHECK(e->kv.n_free == 9, "warm-up in 9 free blocks left %u", e->kv.n_free);
         kv_pool_release(&e->kv, ids, held);
 
-        /* a cache of fewer blocks than the prompt needs: refused, nothing taken */
+        /* two free blocks: a shorter prompt in them; none: refused, naming the numbers */
         held = e->kv.n_free - 2;
         CHECK(kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
+        CHECK(engine_warm_up(e, 4, prompt, &err) == 0, "%s", err.msg);
+        CHECK(e->kv.n_free == 2, "warm-up in 2 free blocks left %u", e->kv.n_free);
+        CHECK(kv_pool_alloc(&e->kv, 2, ids + held) == 0, "cannot hold the last blocks");
         int r = engine_warm_up(e, 4, prompt, &err);
-        CHECK(r == -ENOSPC, "warm-up with 2 free blocks returned %d", r);
-        CHECK(strstr(err.msg, "2 free blocks") && strstr(err.msg, "78-token prompt"), "message: %s",
-                err.msg);
-        CHECK(e->kv.n_free == 2, "the refused warm-up took blocks: %u free", e->kv.n_free);
+        CHECK(r == -ENOSPC, "warm-up with no free block returned %d", r);
+        CHECK(strstr(err.msg, "0 free KV blocks of 16 positions"), "message: %s", err.msg);
+        held += 2;
         kv_pool_release(&e->kv, ids, held);
         free(ids);
 
