@@ -203,12 +203,13 @@ static void *loader_thread(void *userdata)
                 uint64_t t0 = now_usec();
                 (void) notify_status("warming up %s", l->cfg.model);
                 /* the longest prefill chunk a step takes, and the most sequences */
-                l->r = engine_warm_up(l->engine, lim.max_seqs, lim.step_tokens, &l->err);
+                uint32_t prompt = 0, seqs = 0;
+                l->r = engine_warm_up(
+                        l->engine, lim.max_seqs, lim.step_tokens, &prompt, &seqs, &l->err);
                 if (l->r >= 0)
                         log_info("Warmed up '%s' in %.0f ms: prompts of up to %u tokens, "
                                  "decode steps of up to %u sequences",
-                                l->cfg.model, (double) (now_usec() - t0) / 1e3, lim.step_tokens,
-                                lim.max_seqs);
+                                l->cfg.model, (double) (now_usec() - t0) / 1e3, prompt, seqs);
         }
         (void) !write(sv->loader_fd, &one, sizeof(one));
         return NULL;

@@ -71,7 +71,8 @@ static int warm_decode(WarmUp *w, uint32_t k, DsError *err)
         return r;
 }
 
-int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsError *err)
+int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, uint32_t *ret_prompt,
+        uint32_t *ret_seqs, DsError *err)
 {
         const uint32_t decode_steps = 1 + WARM_CHAINED;
         uint32_t bt = e->block_tokens, vocab = e->model->bk.cfg.vocab_sample;
@@ -127,6 +128,10 @@ int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, DsErro
                         break;
         }
         kv_pool_release(&e->kv, w.blocks, n_blocks);
+        if (r == 0 && ret_prompt)
+                *ret_prompt = prefill_tokens;
+        if (r == 0 && ret_seqs)
+                *ret_seqs = w.n;
 out:
         free(w.blocks);
         free(w.pos);

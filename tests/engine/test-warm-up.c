@@ -48,8 +48,10 @@ int main(void)
         uint32_t free0 = e->kv.n_free;
         CHECK(free0 > 8, "the cache has %u blocks", free0);
         /* more sequences than blocks of a full-length prompt: one block each after the first */
-        uint32_t prompt = 5 * 16 - 2;
-        CHECK(engine_warm_up(e, 13, prompt, &err) == 0, "%s", err.msg);
+        uint32_t prompt = 5 * 16 - 2, got_prompt = 0, got_seqs = 0;
+        CHECK(engine_warm_up(e, 13, prompt, &got_prompt, &got_seqs, &err) == 0, "%s", err.msg);
+        CHECK(got_prompt == prompt && got_seqs == 13, "warm-up ran %u tokens, %u sequences",
+                got_prompt, got_seqs);
         CHECK(e->kv.n_free == free0, "warm-up kept %u of %u blocks", free0 - e->kv.n_free, free0);
         generate(e, &after);
         CHECK(after.len == before.len && memcmp(after.buf, before.buf, before.len) == 0,
@@ -58,17 +60,22 @@ int main(void)
         /* a cache that holds the prompt and three more sequences of the 13 asked for */
         uint32_t *ids = calloc(free0, sizeof(*ids)), held = free0 - (6 + 3);
         CHECK(ids && kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
-        CHECK(engine_warm_up(e, 13, prompt, &err) == 0, "%s", err.msg);
+        CHECK(engine_warm_up(e, 13, prompt, NULL, &got_seqs, &err) == 0, "%s", err.msg);
+        CHECK(got_seqs == 4, "warm-up in 9 free blocks ran %u sequences", got_seqs);
         CHECK(e->kv.n_free == 9, "warm-up in 9 free blocks left %u", e->kv.n_free);
         kv_pool_release(&e->kv, ids, held);
 
         /* two free blocks: a shorter prompt in them; none: refused, naming the numbers */
         held = e->kv.n_free - 2;
         CHECK(kv_pool_alloc(&e->kv, held, ids) == 0, "cannot hold the blocks");
-        CHECK(engine_warm_up(e, 4, prompt, &err) == 0, "%s", err.msg);
+        CHECK(engine_warm_up(e, 4, prompt, &got_prompt, &got_seqs, &err) == 0, "%s", err.msg);
+        CHECK(got_prompt == 2 * 16 - 3 && got_seqs == 1,
+                "warm-up in 2 blocks ran %u tokens, %u "
+                "sequences",
+                got_prompt, got_seqs);
         CHECK(e->kv.n_free == 2, "warm-up in 2 free blocks left %u", e->kv.n_free);
         CHECK(kv_pool_alloc(&e->kv, 2, ids + held) == 0, "cannot hold the last blocks");
-        int r = engine_warm_up(e, 4, prompt, &err);
+        int r = engine_warm_up(e, 4, prompt, NULL, NULL, &err);
         CHECK(r == -ENOSPC, "warm-up with no free block returned %d", r);
         CHECK(strstr(err.msg, "0 free KV blocks of 16 positions"), "message: %s", err.msg);
         held += 2;
@@ -80,7 +87,7 @@ int main(void)
         eo.kv_block_tokens = 2;
         CHECK(engine_open(test_build("models/tiny"), &eo, &e2, &err) == 0, "%s", err.msg);
         uint32_t free2 = e2->kv.n_free;
-        CHECK(engine_warm_up(e2, 5, 7, &err) == 0, "%s", err.msg);
+        CHECK(engine_warm_up(e2, 5, 7, NULL, NULL, &err) == 0, "%s", err.msg);
         CHECK(e2->kv.n_free == free2, "warm-up kept %u of %u blocks of 2", free2 - e2->kv.n_free,
                 free2);
         printf("warm-up: %u blocks back, the same %zu bytes of text\n", free0, before.len);
