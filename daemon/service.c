@@ -198,12 +198,13 @@ static void *loader_thread(void *userdata)
          * backend has none, and its steps are slow enough that warming would delay the
          * start for nothing). */
         SchedLimits lim;
+        DsError ignored = {}; /* load_finish reports bad limits */
         limits_of(&l->cfg, sv->opt, &lim);
-        if (l->r >= 0 && l->engine->ops->mem_info && sched_limits_check(&lim, &l->err) == 0) {
+        if (l->r >= 0 && l->engine->ops->mem_info && sched_limits_check(&lim, &ignored) == 0) {
                 uint64_t t0 = now_usec();
                 (void) notify_status("warming up %s", l->cfg.model);
-                /* the longest prefill chunk a step takes, and the most sequences */
                 uint32_t prompt = 0, seqs = 0;
+                /* the longest prefill chunk a step takes, and the most sequences */
                 l->r = engine_warm_up(
                         l->engine, lim.max_seqs, lim.step_tokens, &prompt, &seqs, &l->err);
                 if (l->r >= 0)

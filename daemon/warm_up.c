@@ -112,15 +112,13 @@ int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, uint32
 
         /* a short prompt and a long one (the kernels and library routines differ with the
          * rows), then decode steps of 1, 2, 4 .. sequences: the backend's buckets */
-        r = 0;
-        for (uint32_t len = MIN(WARM_SHORT, prefill_tokens); r == 0; len = prefill_tokens) {
+        uint32_t lens[2] = {MIN(WARM_SHORT, prefill_tokens), prefill_tokens};
+        for (int i = 0; r == 0 && i < 2; i++) {
                 w.pos[0] = 0;
-                warm_seq(&w, 0, len, false);
+                warm_seq(&w, 0, lens[i], false);
                 r = e->ops->step(e->be, w.seqs, 1, w.ids, err);
-                if (len == prefill_tokens)
-                        break;
         }
-        for (uint32_t k = 1; r == 0; k = k * 2 > w.n && k < w.n ? w.n : k * 2) {
+        for (uint32_t k = 1; r == 0; k = MIN(2 * k, w.n)) {
                 for (uint32_t i = 0; i < k; i++)
                         w.pos[i] = i == 0 ? prefill_tokens : 0;
                 r = warm_decode(&w, k, err);

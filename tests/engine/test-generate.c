@@ -5,23 +5,7 @@
 #include <string.h>
 
 #include "engine.h"
-#include "test_util.h"
-
-typedef struct Collect {
-        char buf[65536];
-        size_t len;
-        unsigned pieces;
-} Collect;
-
-static void collect(void *userdata, const char *text, size_t len)
-{
-        Collect *c = userdata;
-        CHECK(c->len + len < sizeof(c->buf), "output too long");
-        memcpy(c->buf + c->len, text, len);
-        c->len += len;
-        c->buf[c->len] = 0;
-        c->pieces++;
-}
+#include "gen_text.h"
 
 static bool utf8_start(unsigned char c)
 {

@@ -9,23 +9,9 @@
 #include <string.h>
 
 #include "engine.h"
-#include "test_util.h"
+#include "gen_text.h"
 
-typedef struct Text {
-        char buf[65536];
-        size_t len;
-} Text;
-
-static void collect(void *userdata, const char *text, size_t len)
-{
-        Text *t = userdata;
-        CHECK(t->len + len < sizeof(t->buf), "output too long");
-        memcpy(t->buf + t->len, text, len);
-        t->len += len;
-        t->buf[t->len] = 0;
-}
-
-static void generate(Engine *e, Text *t)
+static void generate(Engine *e, Collect *t)
 {
         GenParams gp = {.max_tokens = 40, .sampling = {.temperature = 0, .top_p = 1}};
         GenResult res;
@@ -38,7 +24,7 @@ static void generate(Engine *e, Text *t)
 int main(void)
 {
         _cleanup_(engine_freep) Engine *e = NULL;
-        static Text before, after;
+        static Collect before, after;
         DsError err = {};
 
         EngineOptions eo = {.kv_block_tokens = 16, .kv_bytes = 0};
