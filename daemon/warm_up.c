@@ -79,6 +79,12 @@ int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, uint32
         WarmUp w = {.e = e};
         int r;
 
+        /* the library's routines for every step size, before the prompt is fitted to the
+         * free blocks: a step's rows are at most its token budget */
+        if (e->ops->warm && (r = e->ops->warm(e->be, prefill_tokens, err)) < 0) {
+                ds_error_prefix(err, "warm-up");
+                return r;
+        }
         /* the prompt within the context and the free blocks, its decode steps after it */
         uint64_t most =
                 MIN((uint64_t) e->model->bk.cfg.max_positions, (uint64_t) e->kv.n_free * bt);

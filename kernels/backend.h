@@ -256,6 +256,10 @@ typedef struct BackendOps {
         /* Device memory in use and the device's total, in bytes; NULL for a backend that
          * computes in host memory. May be called from any thread. */
         int (*mem_info)(const Backend *b, uint64_t *ret_used, uint64_t *ret_total);
+        /* Runs once what the backend would otherwise choose and load on its first use in a
+         * step of up to max_rows rows (a device library's kernels for each row count), so
+         * that no request waits for it. NULL where nothing is. */
+        int (*warm)(Backend *b, uint32_t max_rows, DsError *err);
         void (*free)(Backend *b);
 } BackendOps;
 

@@ -1314,6 +1314,55 @@ static const CuQx *xn_quantized(const Backend *b, const __half *x)
         return b->qx_deferred ? &b->qx_res : &b->qx;
 }
 
+/* The rows a cuBLAS product runs on: a step's row count rounded up to one of a few sizes,
+ * every one of which cuda_warm has run. cuBLAS picks, and may load, a kernel the first time
+ * it sees a row count: 2-3 ms a matrix shape on the H200 where the kernel is new, 0.2 ms
+ * where only the count is (docs/PERF.md, thirtieth session), so each new prompt length cost
+ * its first request 10-14 ms. The extra rows are scratch (every buffer a product reads or
+ * writes holds TILE_ROWS rows, the logits TILE_OUT); up to 256 rows the product is bound
+ * by the weights' reads, so they cost little there, and above it at most a quarter more
+ * rows. The sizes depend on the row count only, as the kernels' choice did. */
+static uint32_t blas_rows(uint32_t rows)
+{
+        if (rows <= GEMV_MAX_ROWS)
+                return rows;
+        uint32_t step = rows <= 256 ? 32 : rows <= 512 ? 64 : 128;
+        return div_up(rows, step) * step;
+}
+
+static_assert(TILE_ROWS % 128 == 0 && TILE_OUT % 32 == 0 && TILE_OUT <= 256,
+        "blas_rows stays within the scratch buffers' rows");
+
+/* The FP16 weights a cuBLAS product of l reads, and their row stride: its FP16 copy, or
+ * b->w16, into which linear dequantizes the INT4 ones first. */
+static const __half *blas_weights(const Backend *b, const CuLinear *l, uint32_t *ldw)
+{
+        if (l->awq && !l->w) {
+                *ldw = l->in;
+                return b->w16;
+        }
+        *ldw = l->kp;
+        return l->w;
+}
+
+/* y (m, l->out) = x (m, l->in) · W^T in float32 on cuBLAS. Row-major y = x · W^T, W being
+ * (N, K) row-major, is y^T = W · x^T in cuBLAS's column-major terms. The first failure is
+ * kept for the step to report. */
+static void blas_gemm(Backend *b, const CuLinear *l, const __half *w, uint32_t ldw,
+        const __half *x, uint32_t m, float *y)
+{
+        const float one = 1.0f, zero = 0.0f;
+        cudaGraphNode_t before[LIB_DEPS];
+        size_t n_before = capture_leaves(b, before);
+        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) l->out, (int) m,
+                (int) l->in, &one, w, CUDA_R_16F, (int) ldw, x, CUDA_R_16F, (int) l->in, &zero, y,
+                CUDA_R_32F, (int) l->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS && b->blas_status == CUBLAS_STATUS_SUCCESS)
+                b->blas_status = st;
+        if (n_before)
+                note_library_nodes(b, before, n_before);
+}
+
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
 static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t rows, float *y)
 {
@@ -1329,26 +1378,11 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
                                 slice, NULL);
                 return l->splits;
         }
-        const float one = 1.0f, zero = 0.0f;
-        const __half *w = l->w;
-        uint32_t ldw = l->kp;
-        if (l->awq && !l->w) {
+        uint32_t ldw;
+        const __half *w = blas_weights(b, l, &ldw);
+        if (l->awq && !l->w)
                 cu_awq_dequant(b->st, l, b->w16);
-                w = b->w16;
-                ldw = l->in;
-        }
-        /* Row-major y (rows, N) = x (rows, K) · W^T (K, N), W being (N, K) row-major: in
-         * cuBLAS's column-major terms y^T = W · x^T. The first failure is kept for the
-         * step to report. */
-        cudaGraphNode_t before[LIB_DEPS];
-        size_t n_before = capture_leaves(b, before);
-        cublasStatus_t st = cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int) l->out, (int) rows, (int) l->in, &one,
-                w, CUDA_R_16F, (int) ldw, x, CUDA_R_16F, (int) l->in, &zero, y, CUDA_R_32F,
-                (int) l->out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS && b->blas_status == CUBLAS_STATUS_SUCCESS)
-                b->blas_status = st;
-        if (n_before)
-                note_library_nodes(b, before, n_before);
+        blas_gemm(b, l, w, ldw, x, blas_rows(rows), y);
         return 1;
 }
 
@@ -2314,6 +2348,48 @@ static int cuda_load(Backend *b, const BkModel *model, DsError *err)
         return 0;
 }
 
+/* Runs every cuBLAS product the model's steps of up to max_rows rows can ask for once:
+ * each matrix shape that linear() takes through cuBLAS at each row count blas_rows gives,
+ * so that cuBLAS has chosen and loaded its kernels before a request waits on them. The
+ * products read and write scratch. */
+static int cuda_warm(Backend *b, uint32_t max_rows, DsError *err)
+{
+        if (!b || !b->model)
+                return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
+        CU_TRY(cudaSetDevice(b->dev), "device");
+        const CuLinear *shapes[8 * 2 + 1];
+        size_t n = 0;
+        for (uint32_t i = 0; i < b->cfg.n_layers; i++) {
+                CuLinear *all[8];
+                layer_linears(&b->layers[i], all);
+                for (size_t j = 0; j < ELEMENTSOF(all); j++) {
+                        const CuLinear *l = all[j];
+                        bool seen = l->out == 0;
+                        for (size_t k = 0; k < n && !seen; k++)
+                                seen = shapes[k]->in == l->in && shapes[k]->out == l->out &&
+                                       shapes[k]->awq == l->awq && !shapes[k]->w == !l->w;
+                        if (!seen && n < ELEMENTSOF(shapes) - 1)
+                                shapes[n++] = l;
+                }
+        }
+        shapes[n++] = &b->lm_head;
+        b->blas_status = CUBLAS_STATUS_SUCCESS;
+        uint32_t top = blas_rows(MIN(max_rows, TILE_ROWS)), runs = 0;
+        for (size_t k = 0; k < n; k++) {
+                bool head = shapes[k] == &b->lm_head;
+                uint32_t ldw;
+                const __half *w = blas_weights(b, shapes[k], &ldw);
+                for (uint32_t m = blas_rows(GEMV_MAX_ROWS + 1);
+                        m <= (head ? blas_rows(MIN(top, TILE_OUT)) : top); m = blas_rows(m + 1), runs++)
+                        blas_gemm(b, shapes[k], w, ldw, b->xn, m, head ? b->logits : b->part);
+        }
+        CU_TRY(cudaStreamSynchronize(b->st), "cuBLAS warm-up");
+        if (b->blas_status != CUBLAS_STATUS_SUCCESS)
+                return ds_error(err, -EIO, "cuda backend: cuBLAS warm-up of %u products failed: %s",
+                        runs, cublasGetStatusString(b->blas_status));
+        return 0;
+}
+
 static uint64_t cuda_kv_bytes_per_token(const Backend *b)
 {
         if (!b || !b->model)
@@ -2670,6 +2746,7 @@ extern "C" const BackendOps backend_cuda_ops = {
         .collect = cuda_collect,
         .overlaps = true,
         .mem_info = cuda_mem_info,
+        .warm = cuda_warm,
         .free = cuda_free,
 };
 
@@ -2747,10 +2824,11 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
         if (r == 0)
                 r = dalloc((void **) &xd, rows * K * 4, "x", err);
         if (r == 0)
-                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
+                r = dalloc((void **) &b->xn, blas_rows(rows) * K * 2, "x16", err);
         if (r == 0)
-                r = dalloc((void **) &b->part, (size_t) MAX(rows, GEMV_MAX_ROWS) * gu.splits * 2 * I * 4,
-                        "part", err);
+                r = dalloc((void **) &b->part,
+                        (size_t) MAX(blas_rows(rows), GEMV_MAX_ROWS) * gu.splits * 2 * I * 4, "part",
+                        err);
         if (r == 0)
                 r = dalloc((void **) &b->hb, rows * I * 2, "hb", err);
         if (r == 0 && gu.awq)
@@ -2790,13 +2868,13 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         const BkLinear *parts[] = {l};
         r = upload_linear(b, parts, 1, true, &d, "test linear", err);
         size_t K = l->in, N = l->out;
-        size_t slices = rows <= GEMV_MAX_ROWS ? d.splits : 1;
+        size_t slices = rows <= GEMV_MAX_ROWS ? d.splits : 1, pad = blas_rows(rows);
         if (r == 0)
                 r = dalloc((void **) &xd, rows * K * 4, "x", err);
         if (r == 0)
-                r = dalloc((void **) &yd, slices * rows * N * 4, "y", err);
+                r = dalloc((void **) &yd, slices * pad * N * 4, "y", err);
         if (r == 0)
-                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
+                r = dalloc((void **) &b->xn, pad * K * 2, "x16", err);
         if (r == 0 && d.awq)
                 r = dalloc((void **) &b->w16, N * K * 2, "w16", err);
         float *yh = (float *) calloc(slices * rows * N, sizeof(float));
@@ -2936,10 +3014,11 @@ extern "C" int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t 
         if (r == 0)
                 r = dalloc((void **) &xd, rows * K * 4, "x", err);
         if (r == 0)
-                r = dalloc((void **) &b->xn, rows * K * 2, "x16", err);
+                r = dalloc((void **) &b->xn, blas_rows(rows) * K * 2, "x16", err);
         if (r == 0)
-                r = dalloc((void **) &b->part, (size_t) MAX(rows, GEMV_MAX_ROWS) * d.splits * l->out * 4,
-                        "part", err);
+                r = dalloc((void **) &b->part,
+                        (size_t) MAX(blas_rows(rows), GEMV_MAX_ROWS) * d.splits * l->out * 4, "part",
+                        err);
         if (r == 0 && d.awq)
                 r = dalloc((void **) &b->w16, l->out * K * 2, "w16", err);
         if (r == 0)

@@ -4,12 +4,26 @@
  * generated before, covers more sequences than the cache would hold at full length (the
  * others take one block each, or two where a block is 2 positions), runs as many of the
  * sequences asked for as the free blocks hold, shortens its prompt to what two free
- * blocks hold, and refuses, naming the numbers, a cache with no free block. */
+ * blocks hold, and refuses, naming the numbers, a cache with no free block. A backend's
+ * warm hook (the CPU backend has none: a copy of its table with one) is asked for the step's
+ * whole token budget, also where the prompt is shortened, and its failure fails the
+ * warm-up before a block is taken. */
 #include <errno.h>
 #include <string.h>
 
 #include "engine.h"
 #include "gen_text.h"
+
+static uint32_t warm_rows, warm_calls;
+static int warm_result;
+
+static int warm_hook(Backend *b, uint32_t max_rows, DsError *err)
+{
+        (void) b;
+        warm_rows = max_rows;
+        warm_calls++;
+        return warm_result < 0 ? ds_error(err, warm_result, "cuBLAS said no") : 0;
+}
 
 static void generate(Engine *e, Collect *t)
 {
@@ -76,6 +90,22 @@ int main(void)
         CHECK(engine_warm_up(e2, 5, 7, NULL, NULL, &err) == 0, "%s", err.msg);
         CHECK(e2->kv.n_free == free2, "warm-up kept %u of %u blocks of 2", free2 - e2->kv.n_free,
                 free2);
+
+        BackendOps hooked = *e2->ops;
+        hooked.warm = warm_hook;
+        e2->ops = &hooked;
+        CHECK(engine_warm_up(e2, 5, 7, NULL, NULL, &err) == 0, "%s", err.msg);
+        CHECK(warm_calls == 1 && warm_rows == 7, "warm hook: %u calls, last %u rows", warm_calls,
+                warm_rows);
+        uint32_t most = e2->kv.n_free * 2;
+        CHECK(engine_warm_up(e2, 5, most + 100, &got_prompt, NULL, &err) == 0, "%s", err.msg);
+        CHECK(warm_rows == most + 100 && got_prompt < most,
+                "a shortened prompt (%u tokens) warmed %u rows", got_prompt, warm_rows);
+        warm_result = -EIO;
+        r = engine_warm_up(e2, 5, 7, NULL, NULL, &err);
+        CHECK(r == -EIO && strstr(err.msg, "warm-up: cuBLAS said no"), "failed hook: %d, %s", r,
+                err.msg);
+        CHECK(e2->kv.n_free == free2, "a failed warm-up kept %u blocks", free2 - e2->kv.n_free);
         printf("warm-up: %u blocks back, the same %zu bytes of text\n", free0, before.len);
         return 0;
 }
