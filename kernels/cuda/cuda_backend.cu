@@ -1479,8 +1479,12 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                 rank, b->inv_freq, b->attention_factor, L->wk, q, a->q_lora_rank ? NULL : &kv);
 
         /* causal attention over the latent cache, then each head's latent through W_UV */
-        /* two blocks an item, each with half of the rank's dimensions */
-        bool v_split = sms_to_spare(b, att_grid, att_own, div_up(H, MLA_HEADS));
+        /* two blocks an item, each with half of the rank's dimensions, or four where they
+         * too leave SMs to spare */
+        uint32_t per = div_up(H, MLA_HEADS);
+        uint32_t v_split = sms_to_spare(b, att_grid, att_own, 4 * per) ? 4
+                           : sms_to_spare(b, att_grid, att_own, per) ? 2
+                                                                      : 1;
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, v_split, b->block_tokens, H, rank,
                 R, a->softmax_scale, b->acc, b->ml);
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);

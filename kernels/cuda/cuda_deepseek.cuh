@@ -73,7 +73,7 @@ void cu_mla_absorb(cudaStream_t st, const float *part, uint32_t splits, size_t s
  * multiple of 128), items read from meta as cu_attention does: acc (item, H, rank), ml
  * (item, H), which cu_attention_combine merges (head_dim = rank). */
 void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
-        uint32_t grid, bool v_split, uint32_t block_tokens, uint32_t H, uint32_t rank,
+        uint32_t grid, uint32_t v_split, uint32_t block_tokens, uint32_t H, uint32_t rank,
         uint32_t R, float scale, float *acc, float2 *ml);
 
 /* out (rows, H, Vd) FP16 = o_lat (rows, H, rank) · wvt. */

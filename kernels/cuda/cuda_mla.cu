@@ -516,11 +516,11 @@ void cu_mla_split_kvb(cudaStream_t st, const __half *w16, uint32_t H, uint32_t P
  * float32; the result is the same partial (acc, ml) the combine kernel merges. Everything
  * depends on the item only, so a row's output does not depend on the batch.
  *
- * VS 2 (steps whose items leave SMs idle: batch 1 has 17 at a 512-position context): two
- * blocks per (item, group), each with S and the softmax in full and O over half of the
- * rank dimensions, so that a warp's P·V and stores are half as long; each dimension's
- * arithmetic is unchanged (the same bits). V2-Lite batch 1 took 1.1% less time
- * (docs/PERF.md, ninth session). */
+ * VS 2 or 4 (steps whose items leave SMs idle: batch 1 has 17 at a 512-position context):
+ * VS blocks per (item, group), each with S and the softmax in full and O over 1 / VS of the
+ * rank dimensions, so that a warp's P·V and stores are shorter; each dimension's arithmetic
+ * is unchanged (the same bits). Two blocks took V2-Lite batch 1 1.1% less time (docs/PERF.md,
+ * ninth session), four another 0.3% (thirtieth session). */
 #define MLA_THREADS 128
 #define MLA_NT_MAX  (MLA_RANK_MAX / 32) /* n-tiles of 8 dimensions per warp in P·V */
 
@@ -763,7 +763,7 @@ static size_t mla_smem(uint32_t W)
 }
 
 void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuMeta meta,
-        uint32_t grid, bool v_split, uint32_t block_tokens, uint32_t H, uint32_t rank,
+        uint32_t grid, uint32_t v_split, uint32_t block_tokens, uint32_t H, uint32_t rank,
         uint32_t R, float scale, float *acc, float2 *ml)
 {
         static bool opted;
@@ -772,12 +772,14 @@ void cu_mla_attention(cudaStream_t st, const __half *q, const __half *cache, CuM
                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mla_smem(MLA_WIDTH_MAX));
                 cudaFuncSetAttribute(k_mla_attention<2>,
                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mla_smem(MLA_WIDTH_MAX));
+                cudaFuncSetAttribute(k_mla_attention<4>,
+                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int) mla_smem(MLA_WIDTH_MAX));
                 opted = true;
         }
-        /* a half of the rank is whole 16-dimension tiles of the 4 warps */
-        uint32_t vs = v_split && rank % 128 == 0 ? 2 : 1;
+        /* a block's share of the rank is whole 16-dimension tiles of the 4 warps */
+        uint32_t vs = v_split == 4 && rank % 256 == 0 ? 4 : v_split >= 2 && rank % 128 == 0 ? 2 : 1;
         dim3 blocks(grid, div_up(H, MLA_HEADS) * vs);
-        auto k = vs == 2 ? k_mla_attention<2> : k_mla_attention<1>;
+        auto k = vs == 4 ? k_mla_attention<4> : vs == 2 ? k_mla_attention<2> : k_mla_attention<1>;
         k<<<blocks, MLA_THREADS, mla_smem(rank + R), st>>>(q, cache, meta.base, meta.row_bt,
                 block_tokens, H, rank, R, scale, acc, ml);
 }
