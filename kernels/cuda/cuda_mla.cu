@@ -27,15 +27,24 @@ __device__ float mla_block_sum(float v)
         return s;
 }
 
-/* The interleaved rope of cpu_rope_apply_pairs on the pair (a, b) at frequency i. */
-__device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, const float *inv_freq,
-        uint32_t i, float af)
+/* The interleaved rope of cpu_rope_apply_pairs: the angle of frequency i at pos, scaled, and
+ * its rotation of the pair (a, b). */
+__device__ __forceinline__ float2 rope_cs(uint32_t pos, const float *inv_freq, uint32_t i, float af)
 {
         float c, s;
         sincosf((float) pos * inv_freq[i], &s, &c);
-        c *= af;
-        s *= af;
-        return make_float2(a * c - b * s, a * s + b * c);
+        return make_float2(c * af, s * af);
+}
+
+__device__ __forceinline__ float2 rope_rot(float a, float b, float2 cs)
+{
+        return make_float2(a * cs.x - b * cs.y, a * cs.y + b * cs.x);
+}
+
+__device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, const float *inv_freq,
+        uint32_t i, float af)
+{
+        return rope_rot(a, b, rope_cs(pos, inv_freq, i, af));
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -100,8 +109,38 @@ static __device__ __forceinline__ void mla_quads(const float *part, uint32_t spl
                 mla_quads_s<0>(part, splits, stride, bias, first, step, n, at, put);
 }
 
-/* The latent row of token r into the cache: one block. */
-__device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t slot)
+/* The latent row of token r into the cache, by one block of MLA_KV_THREADS: what depends on
+ * the weights and the step's positions only (the norm's weights, the rope's angles) is loaded
+ * and computed before the wait on the kernel that writes the partials (mla_kv_pre), the
+ * rest after it (mla_kv_row). In the absorb kernel at batch 1 this block was its last by 2
+ * us, 5 us after the wait against the other blocks' 3: the weights' and the frequencies'
+ * loads, and the rope's sincos, came after the partials' (docs/PERF.md, thirtieth
+ * session). */
+#define MLA_KV_THREADS 128
+#define MLA_KV_PER     (MLA_RANK_MAX / MLA_KV_THREADS)
+
+struct MlaKvPre {
+        float w[MLA_KV_PER]; /* norm_w[threadIdx.x + MLA_KV_THREADS k] */
+        float2 cs;           /* the rope's pair threadIdx.x: its scaled cos and sin (the
+                              * pairs from MLA_KV_THREADS on, where qk_rope_head_dim has
+                              * them, take theirs after the wait) */
+};
+
+__device__ __forceinline__ MlaKvPre mla_kv_pre(const CuMlaKv &a, uint32_t pos)
+{
+        MlaKvPre p;
+#pragma unroll
+        for (uint32_t k = 0; k < MLA_KV_PER; k++) {
+                uint32_t i = threadIdx.x + MLA_KV_THREADS * k;
+                p.w[k] = i < a.rank ? a.norm_w[i] : 0.0f;
+        }
+        p.cs = threadIdx.x < a.R / 2 ? rope_cs(pos, a.inv_freq, threadIdx.x, a.af)
+                                     : make_float2(0.0f, 0.0f);
+        return p;
+}
+
+__device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t slot,
+        const MlaKvPre &p)
 {
         __shared__ __align__(16) float v[MLA_WIDTH_MAX];
         uint32_t W = a.rank + a.R, row = r * a.ld + a.col0, col0 = a.col0, rank = a.rank;
@@ -109,7 +148,7 @@ __device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t 
         float ss = 0.0f;
 
         mla_quads(
-                a.part, a.splits, a.stride, a.bias, threadIdx.x, blockDim.x, W / 4,
+                a.part, a.splits, a.stride, a.bias, threadIdx.x, MLA_KV_THREADS, W / 4,
                 [=](uint32_t i) { return make_uint2(row + 4 * i, col0 + 4 * i); },
                 [&](uint32_t i, float4 x) {
                         *(float4 *) (v + 4 * i) = x;
@@ -117,26 +156,34 @@ __device__ void mla_kv_row(const CuMlaKv &a, uint32_t r, uint32_t pos, uint32_t 
                                 ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
                 });
         float inv = 1.0f / sqrtf(mla_block_sum(ss) / (float) a.rank + a.eps);
-        for (uint32_t i = threadIdx.x; i < a.rank; i += blockDim.x)
-                out[i] = __float2half(a.norm_w[i] * (v[i] * inv));
-        for (uint32_t i = threadIdx.x; i < a.R / 2; i += blockDim.x) {
-                float2 o = rope_pair(v[a.rank + 2 * i], v[a.rank + 2 * i + 1], pos, a.inv_freq, i,
-                        a.af);
+#pragma unroll
+        for (uint32_t k = 0; k < MLA_KV_PER; k++) {
+                uint32_t i = threadIdx.x + MLA_KV_THREADS * k;
+                if (i < rank)
+                        out[i] = __float2half(p.w[k] * (v[i] * inv));
+        }
+        for (uint32_t i = threadIdx.x; i < a.R / 2; i += MLA_KV_THREADS) {
+                float2 cs = i == threadIdx.x ? p.cs : rope_cs(pos, a.inv_freq, i, a.af);
+                float2 o = rope_rot(v[a.rank + 2 * i], v[a.rank + 2 * i + 1], cs);
                 out[a.rank + 2 * i] = __float2half(o.x);
                 out[a.rank + 2 * i + 1] = __float2half(o.y);
         }
 }
 
-__global__ void k_mla_kv(const CuMlaKv a, const uint32_t *pos, const uint32_t *slot)
+__global__ void __launch_bounds__(MLA_KV_THREADS) k_mla_kv(const CuMlaKv a, const uint32_t *pos,
+        const uint32_t *slot)
 {
+        /* the step's positions and slots are its metadata, written before it starts */
+        uint32_t at = pos[blockIdx.x];
+        MlaKvPre p = mla_kv_pre(a, at);
         pdl_wait();
         pdl_trigger();
-        mla_kv_row(a, blockIdx.x, pos[blockIdx.x], slot[blockIdx.x]);
+        mla_kv_row(a, blockIdx.x, at, slot[blockIdx.x], p);
 }
 
 void cu_mla_kv(cudaStream_t st, const CuMlaKv *kv, CuMeta meta, uint32_t rows)
 {
-        k_mla_kv<<<rows, 128, 0, st>>>(*kv, meta.pos, meta.slot);
+        k_mla_kv<<<rows, MLA_KV_THREADS, 0, st>>>(*kv, meta.pos, meta.slot);
 }
 
 __global__ void k_mla_q_norm(const float *part, uint32_t splits, size_t stride,
@@ -179,6 +226,7 @@ void cu_mla_q_norm(cudaStream_t st, const float *part, uint32_t splits, size_t s
  * stride K + 8 halves, so the B fragments' rows fall in distinct banks). Every output is a
  * sum over K in a fixed order that the other rows do not change. */
 #define MLA_HW     4  /* warps of a block */
+static_assert(MLA_HW * 32 == MLA_KV_THREADS, "an absorb block writes the latent row");
 #define MLA_RB     64 /* rows of a block */
 #define MLA_KS_MAX 16 /* k-steps a warp holds: qk_nope_dim <= 256, kv_lora_rank / 4 <= 128 */
 
@@ -230,10 +278,12 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         uint32_t n_gemm = MG * H * ((rows + MLA_RB - 1) / MLA_RB);
 
         if (blockIdx.x >= n_gemm) {
+                uint32_t r = blockIdx.x - n_gemm;
+                uint32_t at = pos[r];
+                MlaKvPre p = mla_kv_pre(kv, at);
                 pdl_wait();
                 pdl_trigger();
-                uint32_t r = blockIdx.x - n_gemm;
-                mla_kv_row(kv, r, pos[r], slot[r]);
+                mla_kv_row(kv, r, at, slot[r], p);
                 return;
         }
 
@@ -250,6 +300,16 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
         for (uint32_t ks = 0; ks < MLA_KS_MAX; ks++)
                 if (ks < KS)
                         a[ks] = __ldg(wa + ks * 32);
+        /* the rope's angles of the thread's first quad, if q_pe, from the step's positions:
+         * before the wait too, as in the latent row's block */
+        uint32_t n_nope = nr * P4, n_pe = mg < nr * R4 ? (nr * R4 - mg + MG - 1) / MG : 0;
+        float2 cs0[2] = {};
+        if (threadIdx.x >= n_nope && threadIdx.x < n_nope + n_pe) {
+                uint32_t i = mg + MG * (threadIdx.x - n_nope);
+                uint32_t r = r0 + i / R4, k = 2 * (i % R4);
+                cs0[0] = rope_cs(pos[r], inv_freq, k, af);
+                cs0[1] = rope_cs(pos[r], inv_freq, k + 1, af);
+        }
         pdl_wait();
         pdl_trigger();
 
@@ -258,7 +318,6 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
          * the group's q_nope, as hi and lo halves; the others the block's share of the
          * head's roped q_pe (its quads i = mg, mg + MG, .. of the group's rows). */
         __half *hi_s = (__half *) smem, *lo_s = hi_s + MLA_RB * LD;
-        uint32_t n_nope = nr * P4, n_pe = mg < nr * R4 ? (nr * R4 - mg + MG - 1) / MG : 0;
         mla_quads(
                 part, splits, stride, bias, threadIdx.x, blockDim.x, n_nope + n_pe,
                 [=](uint32_t j) {
@@ -285,8 +344,11 @@ __global__ void __launch_bounds__(MLA_HW * 32) k_mla_absorb(const float *part,
                         }
                         uint32_t i = mg + MG * (j - n_nope);
                         uint32_t r = r0 + i / R4, k = 2 * (i % R4);
-                        float2 x = rope_pair(v.x, v.y, pos[r], inv_freq, k, af);
-                        float2 y = rope_pair(v.z, v.w, pos[r], inv_freq, k + 1, af);
+                        bool first = j == threadIdx.x;
+                        float2 x = rope_rot(v.x, v.y,
+                                first ? cs0[0] : rope_cs(pos[r], inv_freq, k, af));
+                        float2 y = rope_rot(v.z, v.w,
+                                first ? cs0[1] : rope_cs(pos[r], inv_freq, k + 1, af));
                         __half2 *o = (__half2 *) (q + ((size_t) r * H + h) * W + rank + 2 * k);
                         o[0] = __floats2half2_rn(x.x, x.y);
                         o[1] = __floats2half2_rn(y.x, y.y);
