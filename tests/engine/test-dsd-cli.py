@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """dsd --generate on the embedded synthetic model: the documented command-line surface,
-determinism of greedy and seeded sampling, and clear errors for bad input."""
+determinism of greedy and seeded sampling, and clear errors for bad input, in --generate
+and in serving mode."""
 import os
 import re
 import subprocess
@@ -103,6 +104,13 @@ check(p.returncode == 0 and summary(p) is not None,
 p = run("--model", model, "--generate", "x", "--seed", "99999999999")
 check(p.returncode == 1 and b"[0, 4294967295]" in p.stderr,
       f"an out-of-range number is called out of range ({p.stderr!r})")
+
+# The "http" object is checked before anything serves, its message said once.
+p = subprocess.run([dsd, "--model", model, "--socket", "/nonexistent/dsd.sock", "--http-config",
+                    '{"listen": "127.0.0.1:0", "max_body_byte": 4096}'],
+                   capture_output=True, timeout=30)
+check(p.returncode == 1 and b"--http-config: field 'http.max_body_byte' is not a known field"
+      in p.stderr, f"a misspelt http field is refused, naming it ({p.stderr!r})")
 
 print(f"{checks - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)
