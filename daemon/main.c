@@ -3,6 +3,7 @@
  * (service.h: dsd.json, D-Bus, systemd), or runs one generation and exits (--generate). */
 #include <assert.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -35,6 +36,9 @@ static size_t arg_n_overrides;
 static ServiceOptions arg_service;
 static char arg_allow_uids[1024], arg_allow_gids[1024];
 static uint64_t arg_kv_bytes;
+/* The first option given that only one of the two modes uses: the other mode refuses it
+ * rather than ignore it. */
+static const char *arg_serving_only, *arg_generate_only;
 
 static void help(void)
 {
@@ -50,20 +54,9 @@ static void help(void)
                "generated text on stdout and a one-line summary on stderr, and exits.\n"
                "\n"
                "Options:\n"
-               "  --config FILE        dsd.json (docs/operations.md); flags override its fields.\n"
-               "                       Without it: bus none, socket mode 0666, batch 32, 64\n"
-               "                       requests per client, KV for one full context\n"
-               "  --bus system|session|none  where io.dsd.Daemon1 is served\n"
-               "  --log-level LEVEL    error, warning, notice, info or debug\n"
                "  --model DIR          model directory (config.json, *.safetensors, "
                "tokenizer.json)\n"
-               "  --generate TEXT      the prompt\n"
-               "  --max-tokens N       most tokens to generate (default 256)\n"
-               "  --temperature T      0 means greedy (default 0)\n"
-               "  --top-k K            sample among the K most likely tokens (default 0: all)\n"
-               "  --top-p P            nucleus sampling threshold (default 1: off)\n"
-               "  --seed S             seed of the sampler (default 0)\n"
-               "  --chat               wrap TEXT as a user turn of the model's chat template\n"
+               "  --log-level LEVEL    error, warning, notice, info or debug\n"
                "  --backend NAME       cpu, cuda or auto (default auto)\n"
                "  --device N           CUDA device index (default 0)\n"
                "  --quantize-at-load   quantize FP16/BF16/F32 linear layers to INT4 (group 128)\n"
@@ -72,7 +65,20 @@ static void help(void)
                "limits.kv_memory_fraction\n"
                "                       with --config, else one full context)\n"
                "\n"
-               "Serving options:\n"
+               "Options of --generate only:\n"
+               "  --generate TEXT      the prompt\n"
+               "  --max-tokens N       most tokens to generate (default 256)\n"
+               "  --temperature T      0 means greedy (default 0)\n"
+               "  --top-k K            sample among the K most likely tokens (default 0: all)\n"
+               "  --top-p P            nucleus sampling threshold (default 1: off)\n"
+               "  --seed S             seed of the sampler (default 0)\n"
+               "  --chat               wrap TEXT as a user turn of the model's chat template\n"
+               "\n"
+               "Serving options (refused with --generate):\n"
+               "  --config FILE        dsd.json (docs/operations.md); flags override its fields.\n"
+               "                       Without it: bus none, socket mode 0666, batch 32, 64\n"
+               "                       requests per client, KV for one full context\n"
+               "  --bus system|session|none  where io.dsd.Daemon1 is served\n"
                "  --socket PATH        listening socket (default /run/dsd/dsd.sock)\n"
                "  --max-batch N        sequences admitted at once (limits.max_batch)\n"
                "  --context-length N   cap the model's context (limits.context_length)\n"
@@ -90,6 +96,7 @@ static void help(void)
                "  --http-listen ADDR   OpenAI-compatible HTTP on a Unix path or host:port\n"
                "                       (host defaults to 127.0.0.1; docs/http.md)\n"
                "  --http-config JSON   the dsd.json \"http\" object (timeouts, limits, token)\n"
+               "\n"
                "  --help, --version\n");
 }
 
@@ -99,7 +106,8 @@ static int parse_u32(const char *opt, const char *s, uint32_t *ret)
         errno = 0;
         unsigned long long v = strtoull(s, &end, 10);
         if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-') {
-                fprintf(stderr, "dsd: %s: '%s' is not a non-negative integer\n", opt, s);
+                fprintf(stderr, "dsd: %s: '%s' is not an integer in [0, %" PRIu32 "]\n", opt, s,
+                        UINT32_MAX);
                 return -EINVAL;
         }
         *ret = (uint32_t) v;
@@ -224,10 +232,38 @@ static int parse_argv(int argc, char **argv)
                 {"context-length", required_argument, NULL, ARG_CONTEXT_LENGTH},
                 {"stop-timeout-sec", required_argument, NULL, ARG_STOP_TIMEOUT}, {}};
         uint32_t seed32;
-        int c;
+        int c, idx = 0;
 
-        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "h", options, &idx)) >= 0) {
                 int r = 0;
+                switch (c) {
+                case ARG_MAX_TOKENS:
+                case ARG_TEMPERATURE:
+                case ARG_TOP_K:
+                case ARG_TOP_P:
+                case ARG_SEED:
+                case ARG_CHAT:
+                        arg_generate_only = arg_generate_only ?: options[idx].name;
+                        break;
+                case ARG_CONFIG:
+                case ARG_BUS:
+                case ARG_SOCKET:
+                case ARG_MAX_BATCH:
+                case ARG_CONTEXT_LENGTH:
+                case ARG_STEP_TOKENS:
+                case ARG_QUEUE:
+                case ARG_STOP_TIMEOUT:
+                case ARG_MAX_CLIENTS:
+                case ARG_MAX_REQUESTS:
+                case ARG_CLIENT_BUFFER:
+                case ARG_SLOW_TIMEOUT:
+                case ARG_ALLOW_UID:
+                case ARG_ALLOW_GID:
+                case ARG_HTTP_LISTEN:
+                case ARG_HTTP_CONFIG:
+                        arg_serving_only = arg_serving_only ?: options[idx].name;
+                        break;
+                }
                 switch (c) {
                 case 'h':
                         help();
@@ -344,6 +380,16 @@ static int parse_argv(int argc, char **argv)
                 fprintf(stderr, "dsd: unexpected argument '%s'\n", argv[optind]);
                 return -EINVAL;
         }
+        if (arg_generate && arg_serving_only) {
+                fprintf(stderr,
+                        "dsd: --%s is a serving option; it does not apply with --generate\n",
+                        arg_serving_only);
+                return -EINVAL;
+        }
+        if (!arg_generate && arg_generate_only) {
+                fprintf(stderr, "dsd: --%s applies only with --generate\n", arg_generate_only);
+                return -EINVAL;
+        }
         if (arg_generate && !arg_model) {
                 fprintf(stderr, "dsd: --generate needs --model DIR (see --help)\n");
                 return -EINVAL;
@@ -404,6 +450,8 @@ int main(int argc, char **argv)
         _cleanup_(engine_freep) Engine *e = NULL;
         DsError err = {};
         GenResult res = {};
+        DsdConfig c;
+        char device[16];
         int r;
 
         if (parse_argv(argc, argv) < 0)
@@ -411,11 +459,22 @@ int main(int argc, char **argv)
         if (!arg_generate)
                 return serve() < 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 
+        /* The flags both modes share are checked as the service checks them. */
+        arg_service.overrides = arg_overrides;
+        arg_service.n_overrides = arg_n_overrides;
+        r = service_read_config(&arg_service, &c, &err);
+        if (r < 0) {
+                fprintf(stderr, "dsd: %s\n", err.msg);
+                return EXIT_FAILURE;
+        }
+        log_set_max_level(c.log_level);
+        snprintf(device, sizeof(device), "%" PRIu32, c.device);
         EngineOptions eo = {
                 .backend = arg_backend,
                 .quantize_int4 = arg_quantize,
                 .threads = arg_threads,
                 .kv_bytes = arg_kv_bytes,
+                .device = c.backend == CONFIG_BACKEND_CPU ? NULL : device,
                 .verbose = true,
         };
         r = engine_open(arg_model, &eo, &e, &err);

@@ -679,7 +679,7 @@ int service_run(const ServiceOptions *o, const DsdConfig *c)
                 r = j ? http_config_parse(j, &sv->http, &err) : -EINVAL;
                 cJSON_Delete(j);
                 if (r < 0)
-                        return log_error_errno(r, "%s: field %s",
+                        return log_error_errno(r, "%s: %s",
                                 o->config_path ? o->config_path : "--http-config", err.msg);
         }
 

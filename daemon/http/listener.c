@@ -157,7 +157,10 @@ static int config_string(const cJSON *o, const char *name, char *buf, size_t siz
 
 int http_config_parse(const cJSON *o, HttpConfig *ret, DsError *err)
 {
+        static const char *const known[] = {"listen", "auth_token_file", "max_connections",
+                "request_timeout_ms", "idle_timeout_ms", "max_header_bytes", "max_body_bytes"};
         HttpConfig c = *ret;
+        const cJSON *f;
         uint64_t v;
         int r;
 
@@ -165,6 +168,16 @@ int http_config_parse(const cJSON *o, HttpConfig *ret, DsError *err)
                 return 0;
         if (!cJSON_IsObject(o))
                 return ds_error(err, -EINVAL, "field 'http' must be an object");
+        /* As in the rest of dsd.json, a misspelt field is an error, not a silent default. */
+        cJSON_ArrayForEach(f, o)
+        {
+                size_t i = 0;
+                while (i < ELEMENTSOF(known) && strcmp(f->string, known[i]))
+                        i++;
+                if (i == ELEMENTSOF(known))
+                        return ds_error(
+                                err, -EINVAL, "field 'http.%s' is not a known field", f->string);
+        }
         r = config_string(o, "listen", c.listen, sizeof(c.listen), err);
         if (r >= 0)
                 r = config_string(

@@ -44,7 +44,8 @@ void http_config_init(HttpConfig *c);
 
 /* The "http" object of dsd.json: listen, auth_token_file, max_connections,
  * request_timeout_ms, idle_timeout_ms, max_header_bytes, max_body_bytes. Absent or null
- * fields keep their value. 0, or -EINVAL with a message naming the field ("http.x"). */
+ * fields keep their value; any other field is refused. 0, or -EINVAL with a message
+ * naming the field ("http.x"). */
 int http_config_parse(const cJSON *obj, HttpConfig *c, DsError *err);
 
 typedef struct HttpListener HttpListener;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """dsd --generate on the embedded synthetic model: the documented command-line surface,
-determinism of greedy and seeded sampling, and clear errors for bad input."""
+determinism of greedy and seeded sampling, and clear errors for bad input, in --generate
+and in serving mode."""
 import os
 import re
 import subprocess
@@ -78,6 +79,38 @@ check(p.returncode == 1 and b"context" in p.stderr,
 
 p = run("--model", model, "--generate", "x", "--backend", "nonesuch")
 check(p.returncode == 1 and b"nonesuch" in p.stderr, "an unknown backend is named")
+
+# Each mode refuses the other's options instead of ignoring them, even well-formed ones.
+for flag in (["--max-batch", "12abc"], ["--max-batch", "4"], ["--config", "/nonexistent"],
+             ["--socket", "/tmp/x.sock"], ["--http-listen", "127.0.0.1:1"]):
+    p = run("--model", model, "--generate", "x", "--max-tokens", "2", *flag)
+    check(p.returncode == 1 and flag[0].encode() + b" is a serving option" in p.stderr,
+          f"--generate refuses {flag[0]}: {p.stderr[-120:]!r}")
+for flag in (["--max-tokens", "5"], ["--temperature", "1"], ["--seed", "3"], ["--chat"]):
+    p = subprocess.run([dsd, "--model", model, *flag], capture_output=True, timeout=30)
+    check(p.returncode == 1 and flag[0].encode() + b" applies only with --generate" in p.stderr,
+          f"serving refuses {flag[0]}: {p.stderr[-120:]!r}")
+
+# The flags shared with serving are checked as dsd.json's fields are, in --generate too.
+for flag, field in ((["--device", "7x"], b"'device'"), (["--log-level", "loud"], b"'log_level'"),
+                    (["--device", "256"], b"'device'")):
+    p = run("--model", model, "--generate", "x", "--max-tokens", "2", *flag)
+    check(p.returncode == 1 and field in p.stderr, f"--generate checks {flag}: {p.stderr!r}")
+p = run("--model", model, "--generate", "x", "--max-tokens", "2", "--log-level", "error",
+        "--backend", "cpu", "--device", "3")
+check(p.returncode == 0 and summary(p) is not None,
+      f"--generate takes --log-level, --backend and --device ({p.stderr[-200:]!r})")
+
+p = run("--model", model, "--generate", "x", "--seed", "99999999999")
+check(p.returncode == 1 and b"[0, 4294967295]" in p.stderr,
+      f"an out-of-range number is called out of range ({p.stderr!r})")
+
+# The "http" object is checked before anything serves, its message said once.
+p = subprocess.run([dsd, "--model", model, "--socket", "/nonexistent/dsd.sock", "--http-config",
+                    '{"listen": "127.0.0.1:0", "max_body_byte": 4096}'],
+                   capture_output=True, timeout=30)
+check(p.returncode == 1 and b"--http-config: field 'http.max_body_byte' is not a known field"
+      in p.stderr, f"a misspelt http field is refused, naming it ({p.stderr!r})")
 
 print(f"{checks - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)

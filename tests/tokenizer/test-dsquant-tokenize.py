@@ -52,6 +52,18 @@ if p.returncode == 0 or b"<stdin>:2" not in p.stderr:
 p = run("detokenize", '[1, 2]\n[1, -5]\n')
 if p.returncode == 0 or b"<stdin>:2" not in p.stderr:
     fail("bad detokenize line not reported: " + p.stderr.decode())
+# An id past the vocabulary, or text after the array, is refused rather than dropped.
+n_vocab = 1 + max(max(json.load(open(tok, encoding="utf-8"))["model"]["vocab"].values()),
+                  *(t["id"] for t in json.load(open(tok, encoding="utf-8"))["added_tokens"]))
+p = run("detokenize", f"[{n_vocab - 1}]\n")
+if p.returncode != 0:
+    fail(f"the last id {n_vocab - 1} refused: " + p.stderr.decode())
+p = run("detokenize", f"[1]\n[1, {n_vocab}]\n")
+if p.returncode == 0 or f"<stdin>:2: element 1: id {n_vocab} is outside".encode() not in p.stderr:
+    fail(f"id {n_vocab} past the vocabulary not reported: " + p.stderr.decode())
+p = run("detokenize", "[1, 2] 3\n")
+if p.returncode == 0 or b"<stdin>:1" not in p.stderr:
+    fail("text after the array not reported: " + p.stderr.decode())
 p = subprocess.run([dsquant, "tokenize", "--tokenizer", "/nonexistent/tokenizer.json"],
                    input=b"", capture_output=True)
 if p.returncode == 0 or b"/nonexistent/tokenizer.json" not in p.stderr:

@@ -37,6 +37,10 @@ typedef struct Range {
         uint32_t lo, hi;
 } Range;
 
+/* Words a prompt may add: each takes at most 8 bytes of the client's prompt buffer, and
+ * a million of them are far past any model's context. */
+#define PROMPT_WORDS_MAX 1000000u
+
 static const char *arg_socket;
 static uint32_t arg_clients = 1;
 static uint32_t arg_concurrency = 1;
@@ -623,32 +627,55 @@ static void print_dist(FILE *f, const char *name, Vec *x, bool json, bool last)
 
 /* ---- options ---- */
 
-static int parse_range(const char *opt, const char *s, Range *ret)
+/* A decimal number in [lo, hi], digits only: no sign, no space, no overflow. */
+static int parse_number(
+        const char *s, const char **ret_end, uint32_t lo, uint32_t hi, uint32_t *ret)
 {
-        unsigned lo, hi;
-        char tail;
+        char *end;
 
-        if (sscanf(s, "%u:%u%c", &lo, &hi, &tail) == 2 && lo <= hi)
-                *ret = (Range){lo, hi};
-        else if (sscanf(s, "%u%c", &lo, &tail) == 1)
-                *ret = (Range){lo, lo};
-        else {
-                fprintf(stderr, "dsbench: %s: '%s' is not N or MIN:MAX\n", opt, s);
+        if (*s < '0' || *s > '9')
+                return -EINVAL;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (errno || v < lo || v > hi)
+                return -EINVAL;
+        *ret_end = end;
+        *ret = (uint32_t) v;
+        return 0;
+}
+
+static int parse_range(const char *opt, const char *s, uint32_t max, Range *ret)
+{
+        const char *end;
+        Range r;
+
+        int k = parse_number(s, &end, 0, max, &r.lo);
+        r.hi = r.lo;
+        if (k >= 0 && *end == ':')
+                k = parse_number(end + 1, &end, r.lo, max, &r.hi);
+        if (k < 0 || *end) {
+                fprintf(stderr,
+                        "dsbench: %s: '%s' is not N or MIN:MAX with 0 <= MIN <= MAX <= %" PRIu32
+                        "\n",
+                        opt, s, max);
                 return -EINVAL;
         }
+        *ret = r;
         return 0;
 }
 
 static int parse_u32(const char *opt, const char *s, uint32_t *ret, uint32_t min)
 {
-        char *end;
-        unsigned long v = strtoul(s, &end, 10);
+        const char *end;
+        uint32_t v;
 
-        if (end == s || *end || v < min || v > UINT32_MAX || s[0] == '-') {
-                fprintf(stderr, "dsbench: %s: '%s' is not an integer >= %u\n", opt, s, min);
+        if (parse_number(s, &end, min, UINT32_MAX, &v) < 0 || *end) {
+                fprintf(stderr,
+                        "dsbench: %s: '%s' is not an integer in [%" PRIu32 ", %" PRIu32 "]\n", opt,
+                        s, min, UINT32_MAX);
                 return -EINVAL;
         }
-        *ret = (uint32_t) v;
+        *ret = v;
         return 0;
 }
 
@@ -664,7 +691,8 @@ static void help(void)
                "  --clients N            client processes (default 1)\n"
                "  --concurrency M        requests in flight per client (default 1)\n"
                "  --requests R           requests per client (default 16)\n"
-               "  --prompt-words N|A:B   words after 'Once upon a time' (default 16)\n"
+               "  --prompt-words N|A:B   words after 'Once upon a time' (default 16, at most\n"
+               "                         1000000)\n"
                "  --max-tokens N|A:B     output tokens at most (default 128)\n"
                "  --rate R               open loop: R requests/s over all clients (default:\n"
                "                         closed loop)\n"
@@ -733,10 +761,11 @@ static int parse_argv(int argc, char **argv)
                         r = parse_u32("--requests", optarg, &arg_requests, 1);
                         break;
                 case ARG_PROMPT:
-                        r = parse_range("--prompt-words", optarg, &arg_prompt_words);
+                        r = parse_range(
+                                "--prompt-words", optarg, PROMPT_WORDS_MAX, &arg_prompt_words);
                         break;
                 case ARG_MAX_TOKENS:
-                        r = parse_range("--max-tokens", optarg, &arg_max_tokens);
+                        r = parse_range("--max-tokens", optarg, UINT32_MAX, &arg_max_tokens);
                         break;
                 case ARG_RATE:
                         arg_rate = strtod(optarg, &end);
@@ -793,6 +822,7 @@ int main(int argc, char **argv)
         Vec v[_S_MAX] = {}, rtt = {};
         uint64_t prompt_tokens = 0, generated = 0, n_errors = 0, n_final = 0;
         int32_t first_error = 0;
+        FILE *json = NULL;
         FILE **files;
         double *rv = NULL, secs;
         uint64_t t0, t1;
@@ -801,6 +831,15 @@ int main(int argc, char **argv)
 
         if (parse_argv(argc, argv) < 0)
                 return EXIT_FAILURE;
+        /* Before the run, not after it: a long benchmark must not end in a path typo. */
+        if (arg_json) {
+                json = fopen(arg_json, "we");
+                if (!json) {
+                        fprintf(stderr, "dsbench: --json: cannot create '%s': %s\n", arg_json,
+                                strerror(errno));
+                        return EXIT_FAILURE;
+                }
+        }
 
         r = socket_rtt(&rv, arg_rtt_rounds);
         if (r < 0) {
@@ -886,13 +925,8 @@ int main(int argc, char **argv)
         print_dist(stdout, "delivery (publish->read)", &v[S_DELIVERY], false, false);
         print_dist(stdout, "socket round trip", &rtt, false, false);
 
-        if (arg_json) {
-                FILE *f = fopen(arg_json, "w");
-                if (!f) {
-                        perror("dsbench: --json");
-                        return EXIT_FAILURE;
-                }
-                fprintf(f,
+        if (json) {
+                fprintf(json,
                         "{\n  \"clients\": %u, \"concurrency\": %u, \"requests_per_client\": %u,\n"
                         "  \"prompt_words\": [%u, %u], \"max_tokens\": [%u, %u],\n"
                         "  \"loop\": \"%s\", \"rate\": %.3f, \"wait\": \"%s\", \"transport\": "
@@ -905,14 +939,17 @@ int main(int argc, char **argv)
                         arg_prompt_words.hi, arg_max_tokens.lo, arg_max_tokens.hi, mode, arg_rate,
                         wait_mode, transport, secs, n_final, n_errors, generated, prompt_tokens,
                         (double) generated / secs, (double) n_final / secs);
-                print_dist(f, "ttft", &v[S_TTFT], true, false);
-                print_dist(f, "itl", &v[S_ITL], true, false);
-                print_dist(f, "request", &v[S_LATENCY], true, false);
-                print_dist(f, "queue", &v[S_QUEUE], true, false);
-                print_dist(f, "delivery", &v[S_DELIVERY], true, false);
-                print_dist(f, "socket_rtt", &rtt, true, true);
-                fprintf(f, "  }\n}\n");
-                fclose(f);
+                print_dist(json, "ttft", &v[S_TTFT], true, false);
+                print_dist(json, "itl", &v[S_ITL], true, false);
+                print_dist(json, "request", &v[S_LATENCY], true, false);
+                print_dist(json, "queue", &v[S_QUEUE], true, false);
+                print_dist(json, "delivery", &v[S_DELIVERY], true, false);
+                print_dist(json, "socket_rtt", &rtt, true, true);
+                fprintf(json, "  }\n}\n");
+                if (ferror(json) | fclose(json)) {
+                        fprintf(stderr, "dsbench: --json: cannot write '%s'\n", arg_json);
+                        failed = true;
+                }
         }
         for (int i = 0; i < _S_MAX; i++)
                 free(v[i].v);

@@ -4,6 +4,7 @@
  * added. The first bad line stops the command with a message naming the line. */
 #include <cjson/cJSON.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +19,17 @@ static void help(FILE *f, const char *name)
         bool tok = !strcmp(name, "tokenize");
         fprintf(f,
                 "Usage: dsquant %s --tokenizer FILE\n\n"
-                "%s\n"
-                "No BOS/EOS is added; special tokens written in the text are recognised.\n\n"
+                "%s\n\n"
                 "  --tokenizer FILE   a Hugging Face tokenizer.json\n"
                 "  --help             show this help\n",
                 name,
                 tok ? "Read one JSON string per line on stdin and write its token ids as one JSON\n"
-                      "array per line."
+                      "array per line.\n"
+                      "No BOS/EOS is added; special tokens written in the text are recognised."
                     : "Read one JSON array of token ids per line on stdin and write the decoded "
                       "text\n"
-                      "as one JSON string per line.");
+                      "as one JSON string per line. Special tokens come out as their text; an id\n"
+                      "outside the vocabulary is an error.");
 }
 
 /* Returns 1 to go on, 0 to exit successfully (--help), negative on a usage error. */
@@ -251,7 +253,9 @@ int cmd_detokenize(int argc, char **argv)
                 return EXIT_FAILURE;
 
         while ((len = getline(&line, &cap, stdin)) >= 0) {
-                _cleanup_(cjson_deletep) cJSON *arr = cJSON_ParseWithLength(line, (size_t) len);
+                const char *end = NULL;
+                _cleanup_(cjson_deletep) cJSON *arr =
+                        cJSON_ParseWithLengthOpts(line, (size_t) len, &end, false);
                 _cleanup_free_ int32_t *ids = NULL;
                 _cleanup_free_ char *text = NULL;
                 DsError err = {};
@@ -259,7 +263,9 @@ int cmd_detokenize(int argc, char **argv)
                 size_t n = 0, text_len;
 
                 lineno++;
-                if (!cJSON_IsArray(arr)) {
+                while (end && end < line + len && strchr(" \t\r\n", *end))
+                        end++;
+                if (!cJSON_IsArray(arr) || end != line + len) {
                         fprintf(stderr,
                                 "dsquant detokenize: <stdin>:%zu: expected one JSON array of ids\n",
                                 lineno);
@@ -279,6 +285,13 @@ int cmd_detokenize(int argc, char **argv)
                                         "dsquant detokenize: <stdin>:%zu: element %zu is not a "
                                         "token id\n",
                                         lineno, n);
+                                return EXIT_FAILURE;
+                        }
+                        if (v >= tokenizer_n_vocab(t)) {
+                                fprintf(stderr,
+                                        "dsquant detokenize: <stdin>:%zu: element %zu: id %d is "
+                                        "outside the vocabulary of %" PRIu32 " ids\n",
+                                        lineno, n, (int32_t) v, tokenizer_n_vocab(t));
                                 return EXIT_FAILURE;
                         }
                         ids[n++] = (int32_t) v;
