@@ -1316,7 +1316,7 @@ static const CuQx *xn_quantized(const Backend *b, const __half *x)
 
 /* The rows a cuBLAS product runs on: a step's row count rounded up to one of a few sizes,
  * every one of which cuda_warm has run. cuBLAS picks, and may load, a kernel the first time
- * it sees a row count: 2-3 ms a matrix shape on the H200 where the kernel is new, 0.2 ms
+ * it sees a row count: 2-3.4 ms a matrix shape on the H200 where the kernel is new, 0.2 ms
  * where only the count is (docs/PERF.md, thirtieth session), so each new prompt length cost
  * its first request 10-14 ms. The extra rows are scratch (every buffer a product reads or
  * writes holds TILE_ROWS rows, the logits TILE_OUT); up to 256 rows the product is bound
