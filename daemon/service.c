@@ -410,6 +410,21 @@ static int service_reload(void *userdata, const char *model, DsError *err)
         return 0;
 }
 
+/* SIGHUP and Reload() log a refusal alike: the daemon's log is where an operator looks
+ * later, and the bus caller's stderr may have gone nowhere (a script, a timer unit). Without
+ * a model named, the reload was of the configuration file, or of the flags without one. */
+static int service_reload_or_log(Service *sv, const char *how, const char *model, DsError *err)
+{
+        const char *what = model[0] ? model : sv->opt->config_path;
+        int r;
+
+        r = service_reload(sv, model, err);
+        if (r < 0)
+                log_error("%s: reload of '%s' refused: %s", how, what ? what : "the command line",
+                        err->msg);
+        return r;
+}
+
 /* ---- the bus object's ops ---- */
 
 static void op_get_info(void *userdata, BusInfo *ret)
@@ -540,12 +555,17 @@ static int op_cancel(void *userdata, uint64_t id, DsError *err)
         return r;
 }
 
+static int op_reload(void *userdata, const char *model, DsError *err)
+{
+        return service_reload_or_log(userdata, "Reload()", model, err);
+}
+
 static const BusOps service_bus_ops = {
         .get_info = op_get_info,
         .get_counters = op_get_counters,
         .get_stats = op_get_stats,
         .list_clients = op_list_clients,
-        .reload = service_reload,
+        .reload = op_reload,
         .drain = op_drain,
         .resume = op_resume,
         .cancel = op_cancel,
@@ -557,12 +577,9 @@ static void hook_reload(void *userdata)
 {
         Service *sv = userdata;
         DsError err = {};
-        int r;
 
         log_info("Received SIGHUP: reloading");
-        r = service_reload(sv, "", &err);
-        if (r < 0)
-                log_error("Reload refused: %s", err.msg);
+        (void) service_reload_or_log(sv, "SIGHUP", "", &err);
 }
 
 static void hook_stopping(void *userdata)

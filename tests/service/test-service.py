@@ -198,10 +198,24 @@ def main(tmp, model_a):
             r = dsctl("reload")
             check(r.returncode == 1 and name in r.stderr,
                   f"Reload with {what}: rc={r.returncode} {r.stderr!r}")
+            check(f"Reload(): reload of '{cfg}' refused: " in d.text() and name in d.text(),
+                  f"Reload with {what}: the refusal is not in dsd's log\n{d.text()[-2000:]}")
             st = status()
             check(st.get("State") == "ready" and st.get("Model") == TINY,
                   f"after a failed Reload ({what}): {st}")
         write_config(cfg, **good)
+        # A model named by the caller that is a file, not a directory: refused, and logged in one
+        # line with the path and the reason, as a SIGHUP reload's refusal is.
+        missing = os.path.join(tmp, "not-a-model")
+        with open(missing, "w", encoding="utf-8") as f:
+            f.write("a file, not a model directory\n")
+        r = dsctl("reload", missing)
+        check(r.returncode == 1 and "not a directory" in r.stderr,
+              f"Reload of a file: rc={r.returncode} {r.stderr!r}")
+        lines = [l for l in d.text().splitlines()
+                 if f"reload of '{missing}' refused:" in l and "not a directory" in l]
+        check(len(lines) == 1, f"Reload of a file: {len(lines)} log lines naming "
+              f"it, not 1\n{d.text()[-2000:]}")
         p = subprocess.run([DSCTL, "generate", "--socket", sock, "--max-tokens", "24",
                             NEW_PROMPT], capture_output=True, timeout=120)
         check(p.returncode == 0 and p.stdout == new_want, "the model stopped serving after "
