@@ -4,7 +4,7 @@ with a message naming the limit."""
 import json
 import subprocess
 
-from serve_common import TOOL, Daemon, fail, run, wait_idle
+from serve_common import DSCTL, TOOL, Daemon, fail, run, wait_idle
 
 DS_ERR_PROMPT_TOO_LONG = -(8192 + 2)
 
@@ -33,6 +33,12 @@ def main(tmp, model):
         if int(code) != DS_ERR_PROMPT_TOO_LONG or "prompt too long" not in msg or \
                 str(info["context"]) not in msg:
             fail("the long prompt was not refused as too long with the context limit")
+        # dsctl generate prints the daemon's message, which names the error once.
+        p = subprocess.run([DSCTL, "generate", "--socket", d.sock, "Once upon a time " *
+                            info["context"]], capture_output=True, text=True, timeout=60)
+        print(f"dsctl generate, long prompt: rc={p.returncode} {p.stderr.strip()!r}")
+        if p.returncode != 1 or p.stderr.lower().count("too long") != 1:
+            fail("dsctl generate does not name 'prompt too long' exactly once")
         info = wait_idle(d)
         if info["active"] or info["kv_free"] != info["kv_total"]:
             fail(f"requests or KV blocks are left behind: {info}")

@@ -282,6 +282,11 @@ def main(tmp, model_a):
                               capture_output=True, text=True, timeout=60)
         check(f"error {DS_ERR_DRAINING}" in late.stderr and "draining" in late.stderr,
               f"a request during drain did not get 'draining': {late.stderr!r}")
+        # dsctl generate prints the daemon's message, which names the error once.
+        p = subprocess.run([DSCTL, "generate", "--socket", sock, "Once"], capture_output=True,
+                           text=True, timeout=60)
+        check(p.returncode == 1 and p.stderr.count("draining") == 1,
+              f"dsctl generate during drain: rc={p.returncode} {p.stderr!r}")
         # The HTTP listener refuses the same way: 503 with OpenAI's error shape.
         code, body = http_status(http_sock, "POST", "/v1/completions",
                                  {"prompt": "Once", "max_tokens": 4})

@@ -138,8 +138,9 @@ static int answer(
                         printf(ev->finish == DS_FINISH_CANCELLED ? " [cancelled]\n" : "\n");
                         break;
                 } else {
-                        fprintf(stderr, "\ndsctl chat: the daemon failed the request: %s: %s\n",
-                                ds_strerror(ev->error), ev->message);
+                        /* The daemon's message names the error itself ("draining: ..."). */
+                        fprintf(stderr, "\ndsctl chat: the daemon failed the request: %s\n",
+                                ev->message[0] ? ev->message : ds_strerror(ev->error));
                         break;
                 }
         }

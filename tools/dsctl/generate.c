@@ -217,8 +217,9 @@ int dsctl_generate_main(int argc, char **argv)
                         status = EXIT_SUCCESS;
                         goto out;
                 } else {
-                        fprintf(stderr, "\ndsctl generate: the daemon failed the request: %s: %s\n",
-                                ds_strerror(ev->error), ev->message);
+                        /* The daemon's message names the error itself ("draining: ..."). */
+                        fprintf(stderr, "\ndsctl generate: the daemon failed the request: %s\n",
+                                ev->message[0] ? ev->message : ds_strerror(ev->error));
                         goto out;
                 }
         }
