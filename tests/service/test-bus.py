@@ -248,9 +248,17 @@ try:
               f"dsctl drain as nobody: rc={r.returncode} {r.stderr}")
 
     # dsctl's bus verbs against the same object.
-    def dsctl(*args):
-        return subprocess.run([DSCTL] + list(args), capture_output=True, text=True, env=env,
-                              timeout=30)
+    def dsctl(*args, **extra_env):
+        return subprocess.run([DSCTL] + list(args), capture_output=True, text=True,
+                              env=dict(env, **extra_env), timeout=30)
+
+    # DSD_BUS: an unknown value is a usage error naming the variable and the values it
+    # takes, not the system bus; an option overrides the variable.
+    r = dsctl("status", DSD_BUS="bogus")
+    check(r.returncode == 2 and "DSD_BUS='bogus'" in r.stderr and "'system'" in r.stderr
+          and "'session'" in r.stderr, f"DSD_BUS=bogus: rc={r.returncode} {r.stderr!r}")
+    r = dsctl("--user", "status", DSD_BUS="bogus")
+    check(r.returncode == 0, f"--user with DSD_BUS=bogus: rc={r.returncode} {r.stderr!r}")
 
     r = dsctl("--user", "status", "--json")
     st = json.loads(r.stdout) if r.returncode == 0 else {}

@@ -47,6 +47,9 @@ static void help(void)
                "Options:\n"
                "  --system        the system bus (default; DSD_BUS=session changes it)\n"
                "  --user          the session bus\n"
+               "\n"
+               "Environment: DSD_BUS=system or DSD_BUS=session picks the bus when neither\n"
+               "option is given; any other non-empty value is an error.\n"
                "  --json          JSON output (status, clients, stats)\n"
                "\n"
                "Exit status: 0 ok, 1 the daemon refused or failed, 2 usage, 3 dsd is not "
@@ -72,9 +75,22 @@ static int report_error(const char *what, int r, const sd_bus_error *error)
 static int bus_connect(sd_bus **ret)
 {
         const char *env = getenv("DSD_BUS");
-        bool user = arg_user >= 0 ? arg_user : env && strcmp(env, "session") == 0;
+        bool user = arg_user > 0;
         int r;
 
+        /* A misspelt value must not quietly mean the system bus, where another daemon may
+         * answer. Empty counts as unset, as "DSD_BUS= dsctl ..." means in a shell. */
+        if (arg_user < 0 && env && env[0]) {
+                if (strcmp(env, "session") == 0)
+                        user = true;
+                else if (strcmp(env, "system") != 0) {
+                        fprintf(stderr,
+                                "dsctl: DSD_BUS='%s' is not a bus: use 'system' or 'session', or "
+                                "--system or --user\n",
+                                env);
+                        return DSCTL_EXIT_USAGE;
+                }
+        }
         r = user ? sd_bus_open_user(ret) : sd_bus_open_system(ret);
         if (r < 0) {
                 fprintf(stderr, "dsctl: cannot connect to the %s bus: %s\n",

@@ -19,6 +19,7 @@ bool dsctl_bus_handles(const char *verb);
 /* Runs one bus verb. argv holds the verb, its arguments and the options --json (status,
  * clients, stats), --system (the default) and --user, in any order: dsctl's main passes
  * argv + 1 both for "dsctl status --json" and for "dsctl --user status".
- * The environment variable DSD_BUS=session picks the session bus when neither option is
- * given. Returns a DSCTL_EXIT_* code for main() to return. */
+ * The environment variable DSD_BUS (system or session; another non-empty value is a usage
+ * error) picks the bus when neither option is given. Returns a DSCTL_EXIT_* code for
+ * main() to return. */
 int dsctl_bus_main(int argc, char **argv);
