@@ -34,6 +34,20 @@ for opt, value in (("--prompt-words", "-3"), ("--prompt-words", "1000001"),
     check(p.returncode == 1 and f"dsbench: {opt}: '{value}'".encode() in p.stderr
           and not p.stdout, f"{opt} {value} is refused before the run: {p.stderr!r}")
 
+# No daemon: the socket is named and nothing is measured or reported, from --socket and
+# from $DSD_SOCKET alike; the --json file made before the check is removed again.
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "out.json")
+    p = run("--json", out)
+    check(p.returncode == 1 and b"'/nonexistent/dsd.sock'" in p.stderr and not p.stdout
+          and not os.path.exists(out),
+          f"no daemon at --socket: named, no report ({p.returncode}, {p.stderr!r}, "
+          f"{p.stdout[:200]!r})")
+p = subprocess.run([dsbench, "--rtt-rounds", "10"], capture_output=True, timeout=60,
+                   env=dict(os.environ, DSD_SOCKET="/nonexistent/env.sock"))
+check(p.returncode == 1 and b"'/nonexistent/env.sock'" in p.stderr and not p.stdout,
+      f"no daemon at $DSD_SOCKET: named, no report ({p.returncode}, {p.stderr!r})")
+
 with tempfile.TemporaryDirectory() as tmp:
     bad = os.path.join(tmp, "missing", "out.json")
     p = run("--json", bad)

@@ -208,8 +208,10 @@ static int child_run(uint32_t index, FILE *out)
         } else {
                 r = ds_connect(arg_socket, arg_socket_only ? DS_CONNECT_SOCKET_ONLY : 0, &ch.c);
                 if (r < 0) {
-                        fprintf(stderr, "dsbench: client %u: cannot connect: %s %s\n", index,
-                                ds_strerror(r), ds_connect_message());
+                        const char *why = ds_connect_message();
+                        fprintf(stderr,
+                                "dsbench: client %u: cannot connect to dsd at '%s': %s%s%s\n",
+                                index, arg_socket, ds_strerror(r), *why ? ": " : "", why);
                         return 1;
                 }
         }
@@ -542,6 +544,36 @@ static const char *http_status_text(int32_t code)
         return buf;
 }
 
+/* ---- before the run ---- */
+
+/* One connection before anything is measured: without a daemon every client would fail at
+ * once, and a report of zeros would read like a measurement. */
+static int probe_daemon(void)
+{
+        ds_client *c;
+        int r;
+
+        if (arg_http) {
+                r = http_connect(arg_http);
+                if (r < 0) {
+                        fprintf(stderr, "dsbench: cannot connect to the HTTP listener '%s': %s\n",
+                                arg_http, strerror(-r));
+                        return r;
+                }
+                close(r);
+                return 0;
+        }
+        r = ds_connect(arg_socket, arg_socket_only ? DS_CONNECT_SOCKET_ONLY : 0, &c);
+        if (r < 0) {
+                const char *why = ds_connect_message();
+                fprintf(stderr, "dsbench: cannot connect to dsd at '%s': %s%s%s\n", arg_socket,
+                        ds_strerror(r), *why ? ": " : "", why);
+                return r;
+        }
+        ds_close(c);
+        return 0;
+}
+
 /* ---- the plain socket round trip ---- */
 
 static int socket_rtt(double **ret, uint32_t n)
@@ -814,6 +846,11 @@ static int parse_argv(int argc, char **argv)
                 fprintf(stderr, "dsbench: unexpected argument '%s'\n", argv[optind]);
                 return -EINVAL;
         }
+        /* libdsclient's own choice, resolved here so that messages can name the socket. */
+        if (!arg_socket) {
+                const char *env = getenv("DSD_SOCKET");
+                arg_socket = env && *env ? env : "/run/dsd/dsd.sock";
+        }
         return 0;
 }
 
@@ -841,6 +878,13 @@ int main(int argc, char **argv)
                 }
         }
 
+        if (probe_daemon() < 0) {
+                if (json) {
+                        fclose(json);
+                        unlink(arg_json);
+                }
+                return EXIT_FAILURE;
+        }
         r = socket_rtt(&rv, arg_rtt_rounds);
         if (r < 0) {
                 fprintf(stderr, "dsbench: socket round trip: %s\n", strerror(-r));
