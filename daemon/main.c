@@ -60,7 +60,7 @@ static void help(void)
                "  --backend NAME       cpu, cuda or auto (default auto)\n"
                "  --device N           CUDA device index (default 0)\n"
                "  --quantize-at-load   quantize FP16/BF16/F32 linear layers to INT4 (group 128)\n"
-               "  --threads N          CPU backend threads (default 1)\n"
+               "  --threads N          CPU backend threads, at least 1 (default 1)\n"
                "  --kv-bytes N         KV cache budget in bytes (default: "
                "limits.kv_memory_fraction\n"
                "                       with --config, else one full context)\n"
@@ -82,14 +82,15 @@ static void help(void)
                "  --socket PATH        listening socket (default /run/dsd/dsd.sock)\n"
                "  --max-batch N        sequences admitted at once (limits.max_batch)\n"
                "  --context-length N   cap the model's context (limits.context_length)\n"
-               "  --step-tokens N      tokens one step computes at most (default 512)\n"
+               "  --step-tokens N      tokens one step computes at most, at least 1 (default 512)\n"
                "  --queue N            requests waiting for admission; more get 'busy' (256)\n"
                "  --stop-timeout-sec N SIGTERM lets requests finish this long (default 60)\n"
                "  --max-clients N      connections at once (default 256)\n"
                "  --max-requests N     requests in flight per client\n"
                "  --client-buffer N    undelivered event records per client before its\n"
                "                       requests pause (default 4096)\n"
-               "  --slow-timeout-ms N  paused this long, they fail as too slow (default 5000)\n"
+               "  --slow-timeout-ms N  paused this long, they fail as too slow; at least 1\n"
+               "                       (default 5000)\n"
                "  --allow-uid UID      also allow this uid (repeatable; default root and the\n"
                "                       group dsd, else the daemon's own uid)\n"
                "  --allow-gid GID      also allow this gid (repeatable)\n"
@@ -100,18 +101,31 @@ static void help(void)
                "  --help, --version\n");
 }
 
-static int parse_u32(const char *opt, const char *s, uint32_t *ret)
+static int parse_u32_from(const char *opt, const char *s, uint32_t lo, uint32_t *ret)
 {
         char *end;
         errno = 0;
         unsigned long long v = strtoull(s, &end, 10);
-        if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-') {
-                fprintf(stderr, "dsd: %s: '%s' is not an integer in [0, %" PRIu32 "]\n", opt, s,
-                        UINT32_MAX);
+        if (errno || end == s || *end || v < lo || v > UINT32_MAX || s[0] == '-') {
+                fprintf(stderr, "dsd: %s: '%s' is not an integer in [%" PRIu32 ", %" PRIu32 "]\n",
+                        opt, s, lo, UINT32_MAX);
                 return -EINVAL;
         }
         *ret = (uint32_t) v;
         return 0;
+}
+
+static int parse_u32(const char *opt, const char *s, uint32_t *ret)
+{
+        return parse_u32_from(opt, s, 0, ret);
+}
+
+/* Counts and times for which 0 means nothing: refused rather than taken as "the default",
+ * as dsd.json refuses 0 for limits.max_batch, limits.client_max_requests and
+ * stop_timeout_sec. */
+static int parse_u32_nonzero(const char *opt, const char *s, uint32_t *ret)
+{
+        return parse_u32_from(opt, s, 1, ret);
 }
 
 static int parse_float(const char *opt, const char *s, float lo, float hi, float *ret)
@@ -306,7 +320,7 @@ static int parse_argv(int argc, char **argv)
                         r = add_override("--quantize-at-load", "quantize_at_load", "true");
                         break;
                 case ARG_THREADS:
-                        r = parse_u32("--threads", optarg, &arg_threads);
+                        r = parse_u32_nonzero("--threads", optarg, &arg_threads);
                         break;
                 case ARG_KV_BYTES:
                         r = parse_u64("--kv-bytes", optarg, &arg_kv_bytes);
@@ -321,17 +335,13 @@ static int parse_argv(int argc, char **argv)
                         r = add_override("--context-length", "limits.context_length", optarg);
                         break;
                 case ARG_STEP_TOKENS:
-                        r = parse_u32("--step-tokens", optarg, &arg_service.step_tokens);
+                        r = parse_u32_nonzero("--step-tokens", optarg, &arg_service.step_tokens);
                         break;
                 case ARG_QUEUE:
                         r = add_override("--queue", "limits.queue_length", optarg);
                         break;
                 case ARG_MAX_CLIENTS:
-                        r = parse_u32("--max-clients", optarg, &arg_service.max_clients);
-                        if (r >= 0 && arg_service.max_clients == 0) {
-                                fprintf(stderr, "dsd: --max-clients must be at least 1\n");
-                                r = -EINVAL;
-                        }
+                        r = parse_u32_nonzero("--max-clients", optarg, &arg_service.max_clients);
                         break;
                 case ARG_MAX_REQUESTS:
                         r = add_override("--max-requests", "limits.client_max_requests", optarg);
@@ -341,7 +351,8 @@ static int parse_argv(int argc, char **argv)
                                 "--client-buffer", "limits.client_max_pending_events", optarg);
                         break;
                 case ARG_SLOW_TIMEOUT:
-                        r = parse_u32("--slow-timeout-ms", optarg, &arg_service.slow_timeout_ms);
+                        r = parse_u32_nonzero(
+                                "--slow-timeout-ms", optarg, &arg_service.slow_timeout_ms);
                         break;
                 case ARG_ALLOW_UID:
                         r = add_id("--allow-uid", optarg, arg_allow_uids, sizeof(arg_allow_uids));

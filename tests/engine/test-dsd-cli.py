@@ -105,6 +105,16 @@ p = run("--model", model, "--generate", "x", "--seed", "99999999999")
 check(p.returncode == 1 and b"[0, 4294967295]" in p.stderr,
       f"an out-of-range number is called out of range ({p.stderr!r})")
 
+# 0 is refused, not taken as the default, as dsd.json refuses 0 for its counts and times.
+p = run("--model", model, "--generate", "x", "--max-tokens", "2", "--threads", "0")
+check(p.returncode == 1 and b"--threads: '0' is not an integer in [1, " in p.stderr,
+      f"--generate refuses --threads 0 ({p.stderr!r})")
+for flag in ("--threads", "--step-tokens", "--slow-timeout-ms", "--max-clients"):
+    p = subprocess.run([dsd, "--model", model, "--socket", "/nonexistent/dsd.sock", flag, "0"],
+                       capture_output=True, timeout=30)
+    check(p.returncode == 1 and flag.encode() + b": '0' is not an integer in [1, " in p.stderr,
+          f"serving refuses {flag} 0 ({p.stderr!r})")
+
 # The "http" object is checked before anything serves, its message said once.
 p = subprocess.run([dsd, "--model", model, "--socket", "/nonexistent/dsd.sock", "--http-config",
                     '{"listen": "127.0.0.1:0", "max_body_byte": 4096}'],
