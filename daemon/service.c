@@ -419,9 +419,10 @@ static int service_reload_or_log(Service *sv, const char *how, const char *model
         int r;
 
         r = service_reload(sv, model, err);
-        if (r < 0)
-                log_error("%s: reload of '%s' refused: %s", how, what ? what : "the command line",
-                        err->msg);
+        if (r < 0 && what)
+                log_error("%s: reload of '%s' refused: %s", how, what, err->msg);
+        else if (r < 0)
+                log_error("%s: reload of the command line's model refused: %s", how, err->msg);
         return r;
 }
 
