@@ -91,13 +91,14 @@ int engine_generate(Engine *e, const char *text, const GenParams *p, GenEmit emi
 uint64_t now_usec(void);
 
 /* Warms a device backend up: its first use of kernels, libraries and decode graphs
- * happens here rather than in the first requests. Runs a 32-token prompt and one of
- * prefill_tokens (fewer where the context or the free KV blocks hold fewer), then decode
- * steps of 1, 2, 4 .. up to max_seqs sequences (as many as the free blocks allow), each
- * as the scheduler runs them (one step submitted, chained ones after it), on KV blocks
- * it takes from the pool and gives back. The outputs are thrown away; the model's state
- * is what it was. The long prompt's tokens and the most sequences run go to ret_prompt
- * and ret_seqs (either may be NULL). -ENOSPC where not one prompt token and its decode
- * steps fit. */
+ * happens here rather than in the first requests. Runs the backend's warm op, where it has
+ * one, for steps of up to prefill_tokens rows (the step's token budget), then a 32-token
+ * prompt and one of prefill_tokens (fewer where the context or the free KV blocks hold
+ * fewer), then decode steps of 1, 2, 4 .. up to max_seqs sequences (as many as the free
+ * blocks allow), each as the scheduler runs them (one step submitted, chained ones after
+ * it), on KV blocks it takes from the pool and gives back. The outputs are thrown away; the
+ * model's state is what it was. The long prompt's tokens and the most sequences run go to
+ * ret_prompt and ret_seqs (either may be NULL). -ENOSPC where not one prompt token and its
+ * decode steps fit. */
 int engine_warm_up(Engine *e, uint32_t max_seqs, uint32_t prefill_tokens, uint32_t *ret_prompt,
         uint32_t *ret_seqs, DsError *err);

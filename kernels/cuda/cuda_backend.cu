@@ -2361,6 +2361,7 @@ static int cuda_warm(Backend *b, uint32_t max_rows, DsError *err)
         if (!b || !b->model)
                 return ds_error(err, -DS_ERR_MODEL_NOT_LOADED, "cuda backend: no model loaded");
         CU_TRY(cudaSetDevice(b->dev), "device");
+        /* a layer's 8 linears, in dense and in MoE layers, then the lm_head */
         const CuLinear *shapes[8 * 2 + 1];
         size_t n = 0;
         for (uint32_t i = 0; i < b->cfg.n_layers; i++) {
@@ -2380,11 +2381,12 @@ static int cuda_warm(Backend *b, uint32_t max_rows, DsError *err)
         b->blas_status = CUBLAS_STATUS_SUCCESS;
         uint32_t top = blas_rows(MIN(max_rows, TILE_ROWS)), runs = 0;
         for (size_t k = 0; k < n; k++) {
+                /* the lm_head runs on the logits rows only */
                 bool head = shapes[k] == &b->lm_head;
-                uint32_t ldw;
+                uint32_t ldw, last = head ? MIN(top, TILE_OUT) : top;
                 const __half *w = blas_weights(b, shapes[k], &ldw);
-                for (uint32_t m = blas_rows(GEMV_MAX_ROWS + 1);
-                        m <= (head ? blas_rows(MIN(top, TILE_OUT)) : top); m = blas_rows(m + 1), runs++)
+                for (uint32_t m = blas_rows(GEMV_MAX_ROWS + 1); m <= last;
+                        m = blas_rows(m + 1), runs++)
                         blas_gemm(b, shapes[k], w, ldw, b->xn, m, head ? b->logits : b->part);
         }
         CU_TRY(cudaStreamSynchronize(b->st), "cuBLAS warm-up");

@@ -41,12 +41,6 @@ __device__ __forceinline__ float2 rope_rot(float a, float b, float2 cs)
         return make_float2(a * cs.x - b * cs.y, a * cs.y + b * cs.x);
 }
 
-__device__ __forceinline__ float2 rope_pair(float a, float b, uint32_t pos, const float *inv_freq,
-        uint32_t i, float af)
-{
-        return rope_rot(a, b, rope_cs(pos, inv_freq, i, af));
-}
-
 /* ---------------------------------------------------------------------------------------
  * Projections around the attention */
 
