@@ -115,6 +115,20 @@ int cuda_test_sample(const float *logits, uint32_t rows, uint32_t vocab, const B
 int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t rows, uint32_t n_experts,
         uint32_t top_k, double *us, double *bytes, uint32_t *splits, DsError *err);
 
+/* Bench hook (cuda_bench_handoff.cu): the hand-offs of the decode chain alone. For
+ * clusters of cluster[i] blocks, the cycles (block 0's clock) of a round in which each
+ * block sends one float to every block and adds what it got: sync_cycles through remote
+ * stores and cluster.sync, send_cycles through cl_send (cuda_ptx.cuh). pdl_ns: the median
+ * ns from a 12 MB streaming grid's last block's end to the next grid's wait returning,
+ * behind a programmatic edge; launch_ns: to its first block's start, without one. */
+typedef struct CudaHandoffBench {
+        uint32_t cluster[3];
+        double sync_cycles[3], send_cycles[3];
+        double pdl_ns, launch_ns, clock_mhz;
+} CudaHandoffBench;
+
+int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
+
 /* Bench hook: the decode graph that a step of rows rows last ran, replayed n times back to
  * back with nothing between the replays (the same inputs, so the same work): *us per
  * replay, the step's GPU time without the host's part (planning, the metadata and

@@ -516,11 +516,24 @@ static inline bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks)
  * warp order, as there, and the cluster (the tile pair's K slices, by rank) adds the slices'
  * sums in slice order, then the bias, as sum_part does. A lane's values of the pair's two
  * tiles are columns col and col + hd / 2 of one head (cu_awq_rope_tiles), which the rope
- * rotates into each other; the ranks share the (row, column) values. */
-static_assert(AWQ_KW * 32 == 128, "qkv_rope_store: a thread a (register, lane)");
+ * rotates into each other. Thread u's (register u / 32, lane u % 32) pair of values is rank
+ * (u / 4) % S's to rotate and store: warp 0 sends each rank its share of the slice's sums
+ * (cl_send into rope_in, counted on rope_bar, which k_gemv_qx set up at entry), so that a
+ * CTA waits for its own values only and leaves without waiting for the others. Against the
+ * cluster barrier before the ranks read each other's sums and the one after, 7B batch 1
+ * was 0.5% faster (docs/PERF.md, thirty-first session, run 1). */
+static_assert(AWQ_KW * 32 == 128 && AWQ_NT == 2, "qkv_rope_store: a thread a (register, lane)");
+#define ROPE_IN_MAX 40 /* S * ceil(32 / S) for S <= 8 */
+
+/* Bytes that rank of S receives: S senders, two tiles, 4 lanes of each of its groups v
+ * (v % S == rank, v < 32). */
+__device__ __forceinline__ uint32_t rope_in_bytes(uint32_t rank, uint32_t S)
+{
+        return S * 2 * 4 * ((32 - rank + S - 1) / S) * (uint32_t) sizeof(float);
+}
 
 __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4], uint32_t pr,
-        AwqRed *red)
+        AwqRed *red, float *rope_in, uint64_t *rope_bar)
 {
         const CuRopeKv &rk = a.rope;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -540,27 +553,28 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         }
         if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads)
                 rope_angle(rk.pos[i], rk.inv_freq[col % rk.hd], rk.af, &cs, &sn);
+        cg::cluster_group cluster = cg::this_cluster();
+        uint32_t S = cluster.num_blocks(), rank = cluster.block_rank(), n = (32 + S - 1) / S;
         __syncthreads();
+        __cluster_barrier_wait(); /* every rank's rope_bar is set up */
         if (warp == 0)
 #pragma unroll
-                for (int j = 0; j < AWQ_NT; j++)
+                for (int q = 0; q < 4; q++) {
+                        uint32_t v = 8 * q + lane / 4, to = v % S;
+                        float *slot = rope_in + (rank * n + v / S) * 8 + lane % 4;
 #pragma unroll
-                        for (int q = 0; q < 4; q++)
-                                red[0][j][q][lane] = warps_sum<AWQ_KW>(red, j, q, lane);
-        cg::cluster_group cluster = cg::this_cluster();
-        cluster.sync();
-        uint32_t S = cluster.num_blocks();
-        bool mine = (u / 4) % S == cluster.block_rank() && i < pr;
+                        for (int j = 0; j < AWQ_NT; j++)
+                                cl_send(slot + 4 * j, rope_bar, to, warps_sum<AWQ_KW>(red, j, q, lane));
+                }
+        bool mine = u / 4 % S == rank && i < pr;
         float va = 0.0f, vb = 0.0f;
+        cl_slots_wait(rope_bar);
         if (mine)
                 for (uint32_t q = 0; q < S; q++) {
-                        const AwqRed *rr = cluster.map_shared_rank(red, q);
-                        va += rr[0][0][r][u % 32];
-                        vb += rr[0][1][r][u % 32];
+                        const float *in = rope_in + (q * n + u / 4 / S) * 8 + u % 4;
+                        va += in[0];
+                        vb += in[4];
                 }
-        /* done with the other CTAs' sums: they may leave once every CTA says so, while
-         * this one stores */
-        cluster.barrier_arrive();
         if (mine) {
                 if (rk.bias) {
                         va += ba;
@@ -568,7 +582,6 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
                 }
                 rope_kv_store(rk, i, col, va, vb, cs, sn);
         }
-        cluster.barrier_wait();
 }
 
 /* XS: the CTA first copies its slice of the quantized rows into shared memory, as
@@ -592,7 +605,16 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
 {
         __shared__ AwqRed red[ROPE ? 1 : 2][AWQ_KW];
         extern __shared__ __align__(16) uint4 qx_xs[];
+        __shared__ float rope_in[ROPE ? ROPE_IN_MAX * 8 : 1];
+        __shared__ __align__(8) uint64_t rope_bar;
         pdl_trigger(); /* at entry (cuda_ptx.cuh) */
+        if constexpr (ROPE) {
+                cg::cluster_group cluster = cg::this_cluster();
+                if (threadIdx.x == 0)
+                        cl_slots_init(&rope_bar,
+                                rope_in_bytes(cluster.block_rank(), cluster.num_blocks()));
+                __cluster_barrier_arrive_relaxed();
+        }
         constexpr int D = AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, pr = a.rows;
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
@@ -740,7 +762,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                                         cs[j][0][q] *= inv;
                 }
                 if constexpr (ROPE)
-                        qkv_rope_store(a, cs, pr, red[0]);
+                        qkv_rope_store(a, cs, pr, red[0], rope_in, &rope_bar);
                 else
                         awq_store<1, AWQ_KW, true>(a, cs, tile0, 0, pr, red[par], false);
                 if (!more)
@@ -865,6 +887,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         __shared__ AwqRed red[2 * KW];
         __shared__ float part_s[RES_MAX_SPLITS][RES_COLS];
         __shared__ float hw_s[RES_COLS], h2_s[RES_COLS];
+        __shared__ __align__(8) uint64_t part_bar; /* the first slice's: the slices' sums */
         extern __shared__ __align__(16) __half res_xsl[];
         /* at entry where a CTA is two to an SM (7B batch 1 -2.7%), where it is three after
          * the sums (at entry 32B was 0.3% slower): docs/PERF.md, twenty-second session */
@@ -880,11 +903,17 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
         /* the norm's weights and the bias are constant: loaded before the wait */
         float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
-        /* a CTA writes to another's shared memory only once every CTA of the cluster has
-         * started: this arrival's wait comes long after, and it need order no memory. The
-         * group's arrive releases: a MEMBAR.ALL.GPU that waits for the loads above before
-         * the sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and
-         * 7B (two) 0.2-0.5% slower, in three runs (docs/PERF.md, twenty-third session) */
+        if (s == 0 && u == 0)
+                cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
+        /* The slices' sums go to the first CTA by cl_send, which waits for them alone: with
+         * add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster than
+         * remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 1).
+         * A CTA sends to another's shared memory only once every CTA of the cluster has
+         * started: this arrival's wait comes long after, and it need order no memory but
+         * part_bar's init (whose fence releases it). The group's arrive releases: a
+         * MEMBAR.ALL.GPU that waits for the loads above before the sums issue theirs.
+         * Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and 7B (two) 0.2-0.5% slower,
+         * in three runs (docs/PERF.md, twenty-third session) */
         cg::cluster_group cluster = cg::this_cluster();
         if (KW == RES_KW_MAX)
                 cluster.barrier_arrive();
@@ -911,12 +940,11 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
 #pragma unroll
                 for (int k = 0; k < KW; k++)
                         v += red[u / 32 * KW + k][j][q][4 * g];
-                *cluster.map_shared_rank(&part_s[s][u], 0) = v;
+                cl_send(&part_s[s][u], &part_bar, 0, v);
         }
-        cluster.barrier_arrive();
         if (s != 0)
                 return;
-        cluster.barrier_wait();
+        cl_slots_wait(&part_bar);
         if (mine) {
                 /* the slices in order, then the bias, then the residual, as k_add_norm adds */
                 float y = 0.0f;

@@ -191,8 +191,8 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *
  * order by block 0: a fixed order, so a row's logits do not depend on the other rows. */
 template <int ROUTE>
 __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const uint4 *rwv,
-        const __half *xs_s, float (*rpart_s)[ROUTE_MAX], uint32_t re, uint32_t rs, uint32_t rq,
-        uint32_t seg, bool rlive, uint32_t c, uint32_t j, cg::cluster_group &cluster)
+        const __half *xs_s, float (*rpart_s)[ROUTE_MAX], uint64_t *rbar, uint32_t re, uint32_t rs,
+        uint32_t rq, uint32_t seg, bool rlive, uint32_t c, uint32_t j)
 {
         __syncthreads(); /* the slice in xs_s */
         float acc = 0.0f;
@@ -212,10 +212,10 @@ __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const ui
         for (uint32_t o = rq / 2; o > 0; o >>= 1)
                 acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (rlive && rs == 0)
-                *cluster.map_shared_rank(&rpart_s[c][re], 0) = acc;
-        cluster.sync();
+                cl_send(&rpart_s[c][re], rbar, 0, acc);
         if (c != 0)
                 return;
+        cl_slots_wait(rbar);
         uint32_t E = rr.rt.n_routed;
         /* ROUTE 2: the logits, the row's experts and weights stay in shared memory for
          * the routing and grouping that follow, which warp 0 does alone */
@@ -260,8 +260,16 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
         /* the block's normed slice (ROUTE, qx), and (rank 0) every block's router partials */
         __shared__ __align__(16) __half xs_s[ROUTE || QX ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
         __shared__ float rpart_s[ROUTE ? ADD_NORM_CTAS : 1][ROUTE ? ROUTE_MAX : 1];
-        cg::cluster_group cluster = cg::this_cluster();
-        uint32_t c = cluster.block_rank(), chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
+        /* what the other blocks send: the sums of squares, (rank 0, ROUTE) the router's */
+        __shared__ __align__(8) uint64_t bar[2];
+        uint32_t c = cg::this_cluster().block_rank();
+        uint32_t chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
+        if (threadIdx.x == 0) {
+                cl_slots_init(&bar[0], ADD_NORM_CTAS * sizeof(float));
+                if (ROUTE && c == 0)
+                        cl_slots_init(&bar[1], ADD_NORM_CTAS * rr.rt.n_routed * sizeof(float));
+        }
+        __cluster_barrier_arrive_relaxed();
         uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
         uint32_t j = blockIdx.y, r = out_row ? out_row[j] : j;
         size_t row = (size_t) r * hidden;
@@ -363,13 +371,14 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                         ss += a[e] * a[e];
                 }
         }
-        /* Each block writes its sum into every block's ss_all[c]: after the barrier all
-         * reads are local, so no block waits for the others to finish reading (a second
-         * barrier at the end, with the sums read remotely). */
+        /* Each block sends its sum into every block's ss_all[c]: all reads are local, so no
+         * block waits for the others to finish reading, and each waits for its 8 sums only
+         * (cl_send: half a cluster barrier's time). */
         ss = block_sum(ss, red);
+        __cluster_barrier_wait();
         if (threadIdx.x < ADD_NORM_CTAS)
-                *cluster.map_shared_rank(&ss_all[c], threadIdx.x) = ss;
-        cluster.sync();
+                cl_send(&ss_all[c], &bar[0], threadIdx.x, ss);
+        cl_slots_wait(&bar[0]);
         float tot = 0.0f;
         for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
                 tot += ss_all[k];
@@ -394,8 +403,8 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                                 it < n, qx.items + (size_t) at * 32, qx.recs + at);
         }
         if constexpr (ROUTE > 0)
-                router_epilogue<ROUTE>(rr, rwv, xs_s, rpart_s, re, rs, rq, seg, rlive, c, j,
-                        cluster);
+                router_epilogue<ROUTE>(rr, rwv, xs_s, rpart_s, &bar[1], re, rs, rq, seg, rlive, c,
+                        j);
 }
 
 /* Steps of more than ADD_NORM_MANY rows: one block of ADD_NORM_GROUPS groups of

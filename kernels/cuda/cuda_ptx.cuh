@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The PTX the kernels share: cp.async into shared memory, ldmatrix, mma.sync m16n8k16 with
  * fp32 accumulation, the FP16 pair <-> word casts and 8 halves to float, L2-only loads, and
- * the controls of programmatic dependent launch. Internal to kernels/cuda. */
+ * the controls of programmatic dependent launch, and hand-offs inside a cluster by st.async.
+ * Internal to kernels/cuda. */
 #pragma once
 
 #include <cuda_fp16.h>
@@ -137,4 +138,50 @@ __device__ __forceinline__ float ld_cg(const float *p)
         float v;
         asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
         return v;
+}
+
+/* One-way hand-offs inside a cluster: a CTA's shared-memory slots filled by the others'
+ * st.async, each counted in bytes on the receiver's mbarrier, so that the receiver waits
+ * for its bytes alone. A cluster barrier (cluster.sync) after plain remote stores takes
+ * about twice as long a round (bench-handoff, docs/PERF.md, thirty-first session). The
+ * receiver's one thread inits its mbarrier and says how many bytes come (cl_slots_init);
+ * the cluster barrier's arrival after it (__cluster_barrier_arrive_relaxed suffices: the
+ * init's fence releases) and its wait in every sender before the first cl_send make the
+ * init visible. A sender may leave once it has sent: the receiver waits for the bytes. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p)
+{
+        return (uint32_t) __cvta_generic_to_shared(p);
+}
+
+/* bar: its first phase completes once bytes have arrived. One thread calls it. */
+__device__ __forceinline__ void cl_slots_init(uint64_t *bar, uint32_t bytes)
+{
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)));
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                "r"(bytes)
+                : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/* v into CTA rank's copy of *slot, counted on its copy of *bar. */
+__device__ __forceinline__ void cl_send(float *slot, uint64_t *bar, uint32_t rank, float v)
+{
+        uint32_t d, b;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(slot)), "r"(rank));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_addr(bar)), "r"(rank));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(d),
+                "r"(__float_as_uint(v)), "r"(b)
+                : "memory");
+}
+
+/* Until bar's first phase is complete: every byte sent to this CTA is visible. */
+__device__ __forceinline__ void cl_slots_wait(uint64_t *bar)
+{
+        uint32_t done = 0;
+        while (!done)
+                asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 "
+                             "p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                             : "=r"(done)
+                             : "r"(smem_addr(bar))
+                             : "memory");
 }
