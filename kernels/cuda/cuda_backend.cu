@@ -1494,16 +1494,17 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 /* One of a MoE layer's expert matrices over the step's grouped pairs (b->eids, eoff,
  * elist): the grouped GEMM (one slice) or the expert GEMV (l's slices, stride apart; with
  * hb, gate|up experts of paired tiles in one slice, silu(gate) * up into hb). */
-static void experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t slots,
+static bool experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t slots,
         uint32_t pairs, size_t qw_units, size_t sz_units, uint32_t x_div, const __half *x,
-        uint32_t ldx, float *y, size_t stride, __half *hb)
+        uint32_t ldx, float *y, size_t stride, __half *hb, CuExpertsOrder order)
 {
-        if (grouped)
+        if (grouped) {
                 cu_gemm_experts(b->st, l, slots, pairs, qw_units, sz_units, b->eids, b->eoff,
                         b->elist, x_div, x, ldx, y);
-        else
-                cu_gemv_experts(b->st, l, slots, qw_units, sz_units, b->eids, b->eoff, b->elist,
-                        x_div, x, ldx, y, stride, hb);
+                return false;
+        }
+        return cu_gemv_experts(b->st, l, slots, qw_units, sz_units, b->eids, b->eoff, b->elist,
+                x_div, x, ldx, y, stride, hb, order);
 }
 
 /* How a MoE layer runs a step of rows rows: the routing, the experts' launches and slots. */
@@ -1628,13 +1629,21 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
         /* every pair's gate|up, swiglu (in the GEMV where the tiles are paired and it has
          * one slice), down */
         bool gu_swiglu = !grouped && gu->pairs && gu->splits == 1;
-        experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn, H, b->epart,
-                gstride, gu_swiglu ? b->ehb : NULL);
+        /* From two rows, down's blocks start as soon as gate|up's are past their wait, and
+         * load their first weights before their own: V2-Lite batch 8 1.35% faster, batch
+         * 32 and 64 0.4%. At one row, where gate|up streams at the memory's rate, down's
+         * early start made V2-Lite 0.7% slower, and 2.2% with gate|up leading (docs/PERF.md,
+         * thirty-first session, runs 6 and 8). */
+        bool lead = rows > 1 && gu_swiglu;
+        bool early = experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn,
+                             H, b->epart, gstride, gu_swiglu ? b->ehb : NULL,
+                             lead ? EXPERTS_LEAD : EXPERTS_PLAIN) &&
+                     lead;
         if (!gu_swiglu)
                 cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs,
                         mc->expert_dim, gu->pairs, b->ehb);
         experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
-                mc->expert_dim, b->edpart, dstride, NULL);
+                mc->expert_dim, b->edpart, dstride, NULL, early ? EXPERTS_EARLY : EXPERTS_PLAIN);
 
         if (side)
                 lane_wait(b, b->join, b->side, b->st);
@@ -3168,13 +3177,31 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                         else
                                 cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL,
                                         offd, listd, x_div, xh, (uint32_t) K, yd,
-                                        (size_t) n_pairs * N, NULL);
+                                        (size_t) n_pairs * N, NULL, EXPERTS_PLAIN);
                         e = cudaGetLastError();
                 }
                 if (e == cudaSuccess)
                         e = cudaStreamSynchronize(b->st);
                 if (e == cudaSuccess)
                         e = cudaMemcpy(yh, yd, y_floats * 4, cudaMemcpyDeviceToHost);
+                /* the EARLY order's kernel (its first weights before the wait, a step's down
+                 * from two rows) gives the same bits (its first slice) */
+                if (e == cudaSuccess && !grouped) {
+                        e = cudaMemsetAsync(yd, 0xff, y_floats * 4, b->st);
+                        if (e == cudaSuccess &&
+                                cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL, offd,
+                                        listd, x_div, xh, (uint32_t) K, yd, (size_t) n_pairs * N,
+                                        NULL, EXPERTS_EARLY))
+                                e = cudaGetLastError();
+                        if (e == cudaSuccess)
+                                e = cudaStreamSynchronize(b->st);
+                        if (e == cudaSuccess)
+                                e = cudaMemcpy(y, yd, (size_t) n_pairs * N * 4,
+                                        cudaMemcpyDeviceToHost);
+                        if (e == cudaSuccess && memcmp(y, yh, (size_t) n_pairs * N * 4) != 0)
+                                r = ds_error(err, -EPROTO,
+                                        "test experts: the EARLY order's results differ");
+                }
                 if (e == cudaSuccess)
                         for (size_t i = 0; i < (size_t) n_pairs * N; i++) {
                                 float v = 0.0f;

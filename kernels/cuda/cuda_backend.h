@@ -52,7 +52,8 @@ int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinea
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
  * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of
  * in); an expert's rows are listed in pair order, or in reverse when reverse. y (n_pairs,
- * out) = the sum of the slices. */
+ * out) = the sum of the slices; the expert GEMV also runs in the EARLY order, which must
+ * give the same bits. */
 int cuda_test_experts(const BkLinear *experts, uint32_t n_experts, const uint32_t *expert_of,
         uint32_t n_pairs, uint32_t x_div, bool reverse, bool grouped, const float *x, float *y,
         DsError *err);

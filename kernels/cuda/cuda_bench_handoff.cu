@@ -37,11 +37,11 @@ __device__ __forceinline__ uint64_t ns_now()
 }
 
 /* EXCH_ROUNDS rounds in which every block sends a float to every block and adds what it
- * got, each round's value depending on the last; block 0's cycles a round into *cyc. SEND:
- * through cl_send into one of two slot sets by round parity (a block is at most one round
- * ahead of another: it needs the other's value of the round before), each set with its
- * mbarrier, re-armed a phase at a time. Else remote stores and cluster.sync, twice a round
- * (the slots are read before the next round writes them). */
+ * got, each round's value depending on the last; block 0's cycles a round into *cyc. The
+ * slots alternate between two sets by round parity, since a block is at most one round
+ * ahead of another (it needs the other's value of the round before). SEND: through
+ * cl_send, each set with its mbarrier, re-armed a phase at a time; else remote stores and
+ * one cluster.sync a round, as the kernels had it. */
 template <bool SEND>
 __global__ void __launch_bounds__(256) k_exchange(float *res, long long *cyc)
 {
@@ -78,17 +78,13 @@ __global__ void __launch_bounds__(256) k_exchange(float *res, long long *cyc)
                 for (uint32_t k = 0; k < n; k++)
                         t += slot[p][k];
                 acc = t;
-                if (SEND) {
-                        __syncthreads();
-                        /* the next phase of this parity's barrier */
-                        if (threadIdx.x == 0)
-                                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                                                     smem_addr(&bar[p])),
-                                        "r"(n * (uint32_t) sizeof(float))
-                                        : "memory");
-                } else {
-                        cl.sync();
-                }
+                __syncthreads();
+                /* the next phase of this parity's barrier */
+                if (SEND && threadIdx.x == 0)
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                                             smem_addr(&bar[p])),
+                                "r"(n * (uint32_t) sizeof(float))
+                                : "memory");
         }
         long long t1 = clock_now();
         if (threadIdx.x == 0) {

@@ -521,7 +521,7 @@ static inline bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks)
  * (cl_send into rope_in, counted on rope_bar, which k_gemv_qx set up at entry), so that a
  * CTA waits for its own values only and leaves without waiting for the others. Against the
  * cluster barrier before the ranks read each other's sums and the one after, 7B batch 1
- * was 0.5% faster (docs/PERF.md, thirty-first session, run 1). */
+ * was 0.5% faster (docs/PERF.md, thirty-first session, run 5). */
 static_assert(AWQ_KW * 32 == 128 && AWQ_NT == 2, "qkv_rope_store: a thread a (register, lane)");
 #define ROPE_IN_MAX 40 /* S * ceil(32 / S) for S <= 8 */
 
@@ -907,7 +907,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
         /* The slices' sums go to the first CTA by cl_send, which waits for them alone: with
          * add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster than
-         * remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 1).
+         * remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 5).
          * A CTA sends to another's shared memory only once every CTA of the cluster has
          * started: this arrival's wait comes long after, and it need order no memory but
          * part_bar's init (whose fence releases it). The group's arrive releases: a
@@ -1108,10 +1108,13 @@ static_assert(AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(false) <= 48 * 1024,
  * batch 1 is one wave; 2-warp CTAs: V2-Lite batch 64 0.6% faster). */
 static_assert(AWQ_ES * awq_stage_bytes(true) >= sizeof(AwqRed), "a warp's sums fit its stages");
 
+/* One pass of up to 8 rows of an expert. early (the EARLY order's first pass): the kernel
+ * has not waited yet; the pass reads its rows from L2 and loads its first chunks' weights
+ * before the wait, their x after it. */
 template <bool G64, int KW>
 __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *qw,
         const uint2 *sz, uint32_t tile0, uint32_t w0, uint32_t w1, uint32_t p0, uint32_t pr,
-        char *stages0, char *stages, bool more)
+        char *stages0, char *stages, bool more, bool early = false)
 {
         constexpr int Q = G64 ? 1 : 2, S = AWQ_ES;
         constexpr uint32_t WB = AWQ_NT * 512, SB = Q * AWQ_NT * 64, SBYTES = awq_stage_bytes(G64);
@@ -1125,7 +1128,8 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 #pragma unroll
         for (int m = 0; m < 2; m++) {
                 uint32_t p = lane + 32 * m, row = p / 8;
-                xs[m] = row < pr ? a.x + (size_t) (a.list[p0 + row] / a.x_div) * a.ldx +
+                uint32_t pair = row >= pr ? 0 : early ? ld_cg(a.list + p0 + row) : a.list[p0 + row];
+                xs[m] = row < pr ? a.x + (size_t) (pair / a.x_div) * a.ldx +
                                            8 * (p % 8)
                                  : NULL;
         }
@@ -1137,20 +1141,21 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
         const uint2 *sp = sz + (size_t) (tile0 + sj) * 8 + sg;
         uint32_t group_recs = a.tiles * 8;
 
-        auto load = [&](uint32_t ch) {
+        auto load = [&](uint32_t ch, bool w, bool x) {
                 char *st = stages + (ch % S) * SBYTES;
                 const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
 #pragma unroll
                 for (int j = 0; j < AWQ_NT; j++)
-                        cp_async16((uint4 *) st + 32 * j + lane, qc + 32 * j, true);
-                if (lane < Q * AWQ_NT * 8) {
+                        if (w)
+                                cp_async16((uint4 *) st + 32 * j + lane, qc + 32 * j, true);
+                if (w && lane < Q * AWQ_NT * 8) {
                         uint32_t hc = 2 * ch + sq, grp = __umulhi(2 * hc, a.group_magic);
                         bool in = G64 || 32 * hc < a.K;
                         cp_async8((uint2 *) (st + WB) + lane,
                                 in ? sp + (size_t) grp * group_recs : sp, in);
                 }
 #pragma unroll
-                for (int m = 0; m < 2; m++) {
+                for (int m = 0; m < 2 && x; m++) {
                         uint32_t p = lane + 32 * m;
                         if (xs[m]) {
                                 bool in = G64 || ch * AWQ_KC + 8 * (p % 8) < a.K;
@@ -1168,18 +1173,37 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 
         /* one commit group per chunk, empty ones included, so that the groups in flight
          * stay S - 2 behind the chunk being computed */
+        if (early) {
+                /* the first chunks' weights and scales before the wait, in S - 1 groups, their
+                 * x after it in S - 1 more: chunk w0's wait below finds both of its groups
+                 * done */
 #pragma unroll
-        for (int i = 0; i < S - 1; i++) {
-                if (w0 + i < w1)
-                        load(w0 + i);
-                cp_async_commit();
+                for (int i = 0; i < S - 1; i++) {
+                        if (w0 + i < w1)
+                                load(w0 + i, true, false);
+                        cp_async_commit();
+                }
+                pdl_wait();
+#pragma unroll
+                for (int i = 0; i < S - 1; i++) {
+                        if (w0 + i < w1)
+                                load(w0 + i, false, true);
+                        cp_async_commit();
+                }
+        } else {
+#pragma unroll
+                for (int i = 0; i < S - 1; i++) {
+                        if (w0 + i < w1)
+                                load(w0 + i, true, true);
+                        cp_async_commit();
+                }
         }
         for (uint32_t ch = w0; ch < w1; ch++) {
                 cp_async_wait<S - 2>();
                 __syncwarp();
                 /* into the stage of chunk ch - 1, free since every lane passed the barrier */
                 if (ch + S - 1 < w1)
-                        load(ch + S - 1);
+                        load(ch + S - 1, true, true);
                 cp_async_commit();
                 const char *st = stages + (ch % S) * SBYTES;
                 const __half *xc = (const __half *) (st + WB + SB) + xrow * AWQ_XS + 4 * t;
@@ -1203,47 +1227,76 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
         awq_store<1, KW, true>(a, c, tile0, p0, pr, (AwqRed *) stages0, more);
 }
 
-template <bool G64, int KW>
+/* ORDER (CuExpertsOrder): LEAD lets the next launch's blocks start once every block is
+ * past its wait, not after its main loop; EARLY: the routing was done before this grid's
+ * blocks could start (its predecessor, the LEAD expert GEMV of the same pairs, let them
+ * start only once past its own wait), so the experts and their rows are read, and the
+ * first chunks' weights loaded, before the wait. */
+template <bool G64, int KW, int ORDER = EXPERTS_PLAIN>
 __global__ void __launch_bounds__(KW * 32, AWQ_ES_CTA * AWQ_EKW / KW)
         k_gemv_experts(const AwqArgs a)
 {
+        constexpr bool EARLY = ORDER == EXPERTS_EARLY;
         extern __shared__ __align__(16) char awq_stages[];
-        pdl_wait(); /* the experts and their rows come from the routing */
-        uint32_t e = a.ids ? a.ids[blockIdx.z] : blockIdx.z;
-        uint32_t r0 = a.off[blockIdx.z], r1 = a.off[blockIdx.z + 1];
+        if (!EARLY)
+                pdl_wait(); /* the experts and their rows come from the routing */
+        if (ORDER == EXPERTS_LEAD)
+                pdl_trigger();
+        /* before the wait (EARLY), from L2: this SM's L1 may hold an earlier step's */
+        uint32_t z = blockIdx.z, e = !a.ids ? z : EARLY ? ld_cg(a.ids + z) : a.ids[z];
+        uint32_t r0 = EARLY ? ld_cg(a.off + z) : a.off[z];
+        uint32_t r1 = EARLY ? ld_cg(a.off + z + 1) : a.off[z + 1];
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
         awq_slice<KW>(a, &c0, &c1, &w0, &w1);
         const uint4 *qw = a.qw + e * a.qw_units;
         const uint2 *sz = (const uint2 *) (a.sz + e * a.sz_units);
         char *stages = awq_stages + threadIdx.x / 32 * AWQ_ES * awq_stage_bytes(G64);
+        if (EARLY && r0 == r1)
+                pdl_wait();
         for (uint32_t p0 = r0; p0 < r1; p0 += 8)
                 awq_pass_staged<G64, KW>(a, qw, sz, tile0, w0, w1, p0, min(8u, r1 - p0),
-                        awq_stages, stages, p0 + 8 < r1);
+                        awq_stages, stages, p0 + 8 < r1, EARLY && p0 == r0);
 }
 
-void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
+bool cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
-        __half *hb)
+        __half *hb, CuExpertsOrder order)
 {
         if (ldx % 8 != 0 || (uintptr_t) x % 16 != 0) { /* x goes in 16-byte pieces */
                 gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false,
                         x, ldx, y, slice_stride, hb);
-                return;
+                return false;
         }
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
                 l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
-        auto kf = g64 ? k_gemv_experts<true, AWQ_EKW_FEW> : k_gemv_experts<false, AWQ_EKW_FEW>;
-        uint32_t wave = resident_ctas((const void *) kf, AWQ_EKW_FEW * 32,
+        /* [g64][few][order] */
+        static const void *const ks[2][2][3] = {
+                {{(const void *) k_gemv_experts<false, AWQ_EKW, EXPERTS_PLAIN>,
+                         (const void *) k_gemv_experts<false, AWQ_EKW, EXPERTS_LEAD>,
+                         (const void *) k_gemv_experts<false, AWQ_EKW, EXPERTS_EARLY>},
+                        {(const void *) k_gemv_experts<false, AWQ_EKW_FEW, EXPERTS_PLAIN>,
+                                (const void *) k_gemv_experts<false, AWQ_EKW_FEW, EXPERTS_LEAD>,
+                                (const void *) k_gemv_experts<false, AWQ_EKW_FEW, EXPERTS_EARLY>}},
+                {{(const void *) k_gemv_experts<true, AWQ_EKW, EXPERTS_PLAIN>,
+                         (const void *) k_gemv_experts<true, AWQ_EKW, EXPERTS_LEAD>,
+                         (const void *) k_gemv_experts<true, AWQ_EKW, EXPERTS_EARLY>},
+                        {(const void *) k_gemv_experts<true, AWQ_EKW_FEW, EXPERTS_PLAIN>,
+                                (const void *) k_gemv_experts<true, AWQ_EKW_FEW, EXPERTS_LEAD>,
+                                (const void *) k_gemv_experts<true, AWQ_EKW_FEW, EXPERTS_EARLY>}}};
+        uint32_t wave = resident_ctas(ks[g64][1][EXPERTS_PLAIN], AWQ_EKW_FEW * 32,
                 AWQ_EKW_FEW * AWQ_ES * awq_stage_bytes(g64));
         bool few = (size_t) grid.x * grid.y * grid.z <= wave &&
                    a.chunks / l->splits >= AWQ_EKW_FEW;
         uint32_t warps = few ? AWQ_EKW_FEW : AWQ_EKW;
-        auto k = few ? kf : (g64 ? k_gemv_experts<true, AWQ_EKW> : k_gemv_experts<false, AWQ_EKW>);
-        k<<<grid, warps * 32, warps * AWQ_ES * awq_stage_bytes(g64), st>>>(a);
+        void *args[] = {&a};
+        /* a failed launch is the step's error, as for the <<<>>> launches */
+        cudaLaunchKernel(ks[g64][few][order], grid, dim3(warps * 32), args,
+                warps * AWQ_ES * awq_stage_bytes(g64), st);
+        return true;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1976,7 +2029,7 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                 v.sz = (__half2 *) ((char *) sz + (c % copies) * sb * mats);
                 if (n_experts)
                         cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
-                                top_k, x, in, y, (size_t) pairs * out, NULL);
+                                top_k, x, in, y, (size_t) pairs * out, NULL, EXPERTS_PLAIN);
                 else
                         cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out,
                                 quantized ? &qx : NULL);

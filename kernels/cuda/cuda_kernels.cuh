@@ -360,11 +360,21 @@ bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw);
  * (the launch can be captured in CUDA graphs), and row p's result does not depend on which
  * other rows share its expert. hb: for gate|up experts with paired tiles and one slice,
  * row p of hb (l->out / 2 FP16 a row) gets silu(gate) * up instead of y its partials (see
- * cu_gemv_gate_up); else NULL. */
-void cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
+ * cu_gemv_gate_up); else NULL. order: how this launch and the next overlap (below).
+ * Returns whether it ran the staged kernel, which honours order (else it is PLAIN). */
+typedef enum CuExpertsOrder {
+        EXPERTS_PLAIN, /* the next launch's blocks start once this one's are past their loop */
+        EXPERTS_LEAD,  /* ... once they are past their wait: the next may be EARLY */
+        /* the launch before was a LEAD cu_gemv_experts over the same routing that returned
+         * true: the routing is done before this launch's blocks start, and they read it
+         * and load their first weights before their wait */
+        EXPERTS_EARLY,
+} CuExpertsOrder;
+
+bool cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
-        __half *hb);
+        __half *hb, CuExpertsOrder order);
 
 /* The same product as cu_gemv_experts for steps whose experts get many rows (n_pairs
  * pairs in all): each expert's weights are read once per MG_ROWS (32) of its rows instead

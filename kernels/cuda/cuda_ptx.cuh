@@ -133,6 +133,13 @@ __device__ __forceinline__ uint2 ld_cg(const uint2 *p)
         return v;
 }
 
+__device__ __forceinline__ uint32_t ld_cg(const uint32_t *p)
+{
+        uint32_t v;
+        asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+        return v;
+}
+
 __device__ __forceinline__ float ld_cg(const float *p)
 {
         float v;
