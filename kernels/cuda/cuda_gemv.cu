@@ -643,14 +643,16 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         const uint2 *srp = (const uint2 *) (qx_xs + pr * n * 8) + rrow * n;
         uint4 xb[2];
         uint2 rb[2];
-        /* x is the predecessor's output: coherent loads, after the wait */
+        /* x is the predecessor's output: loads after the wait, which orders them; plain
+         * loads, which the CTAs of an SM share through L1, not L2-only ones: 7B batch 1
+         * 0.3% faster (docs/PERF.md, thirty-first session, run 9) */
         auto load_x = [&](int i, uint32_t ch) {
                 if (XS) {
                         xb[i] = sxp[(ch - c0) * 8];
                         rb[i] = srp[ch - c0];
                 } else {
-                        xb[i] = ld_cg(xp + (size_t) ch * 8);
-                        rb[i] = ld_cg(rp + ch);
+                        xb[i] = xp[(size_t) ch * 8];
+                        rb[i] = rp[ch];
                 }
         };
         awq_preload<D>(w0, w1, load);
@@ -677,7 +679,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 cp_async_commit();
                 uint2 *sr = (uint2 *) (qx_xs + pr * n * 8);
                 for (uint32_t i = threadIdx.x; i < pr * n; i += blockDim.x)
-                        sr[i] = ld_cg((const uint2 *) (a.qx.recs + (size_t) (i / n) * a.qx.chunks +
+                        sr[i] = *((const uint2 *) (a.qx.recs + (size_t) (i / n) * a.qx.chunks +
                                                        c0 + i % n));
                 cp_async_wait<0>();
                 __syncthreads();
@@ -925,7 +927,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         if (KW != RES_KW_MAX)
                 pdl_trigger();
         /* the residual, which an earlier launch wrote: its load under the sums' meeting */
-        float h = mine ? ld_cg(r.h + col) : 0.0f;
+        float h = mine ? r.h[col] : 0.0f;
 #pragma unroll
         for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
