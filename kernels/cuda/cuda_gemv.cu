@@ -903,10 +903,11 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         uint32_t w0 = c0 + (c1 - c0) * wq / KW, w1 = c0 + (c1 - c0) * (wq + 1) / KW;
         uint32_t col = RES_COLS * blockIdx.x + u;
         bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
-        /* the norm's weights and the bias are constant: loaded before the wait */
-        float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
+        /* before any load, which its fence would otherwise wait for */
         if (s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
+        /* the norm's weights and the bias are constant: loaded before the wait */
+        float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
         /* The slices' sums go to the first CTA by cl_send, which waits for them alone: with
          * add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster than
          * remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 5).
