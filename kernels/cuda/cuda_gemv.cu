@@ -502,16 +502,6 @@ __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t sli
         return (size_t) rows * slice_chunks * (128 + sizeof(float2));
 }
 
-/* Whether k_gemv_qx takes its slice of x through shared memory (XS): a slice of 32 chunks
- * or more, whose copy fits beside the sums in the 48 KB a launch may take without opting
- * in. (32B q|k|v's 40 chunks from L2 a chunk ahead made 32B batch 1 0.9% slower,
- * docs/PERF.md, twenty-seventh session.) */
-static inline bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks)
-{
-        return slice_chunks >= 32 &&
-               qx_xs_bytes(rows, slice_chunks) <= 48 * 1024 - AWQ_KW * sizeof(AwqRed);
-}
-
 /* cu_gemv_qkv_rope's end of a CTA, in place of awq_store: its warps' sums meet in red in
  * warp order, as there, and the cluster (the tile pair's K slices, by rank) adds the slices'
  * sums in slice order, then the bias, as sum_part does. A lane's values of the pair's two
@@ -806,6 +796,45 @@ static uint32_t resident_ctas(const void *k, int threads, size_t smem)
         return n;
 }
 
+/* Dynamic shared memory kernel k may ask at launch without opting in: 48 KB less its
+ * static arrays (the runtime's maxDynamicSharedSizeBytes). Asked once per (kernel, device)
+ * and kept, as resident_ctas; 0 if unknown. */
+static size_t dynamic_smem_max(const void *k)
+{
+        struct Seen {
+                const void *k;
+                int dev;
+                size_t max;
+        };
+        static Seen seen[16];
+        static uint32_t n_seen;
+        int dev = 0;
+        cudaFuncAttributes fa;
+        if (cudaGetDevice(&dev) != cudaSuccess)
+                return 0;
+        for (uint32_t i = 0; i < n_seen; i++)
+                if (seen[i].k == k && seen[i].dev == dev)
+                        return seen[i].max;
+        if (cudaFuncGetAttributes(&fa, k) != cudaSuccess || fa.maxDynamicSharedSizeBytes < 0)
+                return 0;
+        size_t max = (size_t) fa.maxDynamicSharedSizeBytes;
+        if (n_seen < sizeof(seen) / sizeof(seen[0]))
+                seen[n_seen++] = Seen{k, dev, max};
+        return max;
+}
+
+/* Whether k_gemv_qx takes its slice of x through shared memory (XS, as kernel k): a slice
+ * of 32 chunks or more, whose copy fits in what k may ask. (32B q|k|v's 40 chunks from L2
+ * a chunk ahead made 32B batch 1 0.9% slower, docs/PERF.md, twenty-seventh session.) The
+ * bound is the kernel's own: 48 KB less one sums' array, as it was, let through copies
+ * that do not fit beside the two arrays the kernel has had since the twenty-seventh session
+ * (2 rows of 128 chunks, a 70B Llama's gate|up in one slice: 34816 bytes where 32.7 KB
+ * are left), and such a launch fails. */
+static bool qx_takes_xs(uint32_t rows, uint32_t slice_chunks, const void *k)
+{
+        return slice_chunks >= 32 && qx_xs_bytes(rows, slice_chunks) <= dynamic_smem_max(k);
+}
+
 bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
 {
         return l->awq && l->group_size % AWQ_KC == 0 && rows >= 1 && rows <= QX_ROWS &&
@@ -826,7 +855,9 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
         if (qx && !ids && !off && !list && cu_qx_takes(l, rows, qx->chunks)) {
-                bool xs = qx_takes_xs(rows, slice);
+                bool xs = qx_takes_xs(rows, slice,
+                        qx->ss ? (const void *) k_gemv_qx<true, false, true>
+                               : (const void *) k_gemv_qx<true>);
                 auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
                                 : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
                 /* above a wave, as many CTAs as are resident at once, which take the units
@@ -1696,7 +1727,9 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
                 l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->splits,
                 awq_group_magic(l), NULL, *qx, *rk};
         uint32_t slice = div_up(a.chunks, a.splits);
-        bool xs = qx_takes_xs(rows, slice);
+        bool xs = qx_takes_xs(rows, slice,
+                qx->ss ? (const void *) k_gemv_qx<true, true, true>
+                       : (const void *) k_gemv_qx<true, true>);
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = 1;

@@ -223,6 +223,15 @@ int main(void)
                 for (size_t r = 0; r < ELEMENTSOF(rows); r++)
                         worst = fmax(worst, check(&l, rows[r]));
         }
+        /* one slice of 128 chunks (a 70B Llama's K; 36864 outputs, 1.7 waves of CTAs) at 2
+         * and 4 rows: the quantized rows' copy (34.8 and 69.6 KB) does not fit beside the
+         * integer GEMV's static arrays, so its x comes from L2; at 2 rows it used to be
+         * copied, and the launch asked more shared memory than it may */
+        {
+                BkLinear l = rnd_linear(true, 8192, 36864, 128, false, BK_DT_F16);
+                worst = fmax(worst, check(&l, 2));
+                worst = fmax(worst, check(&l, 4));
+        }
         /* gate|up: the 7B shape (one slice: the GEMV ends in the swiglu, x in shared memory
          * at 1 and 2 rows, where its 1184 CTAs' units are more than one wave, so resident
          * CTAs take them in turn; passes of 16 at 13); 6 chunks, one slice, group 32 (the GEMV up
