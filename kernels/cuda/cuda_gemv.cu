@@ -1007,7 +1007,8 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
  * launch may take without opting in. */
 static constexpr size_t res_smem(int kw)
 {
-        return 2 * kw * sizeof(AwqRed) + (RES_MAX_SPLITS + 2) * RES_COLS * sizeof(float);
+        return 2 * kw * sizeof(AwqRed) + (RES_MAX_SPLITS + 2) * RES_COLS * sizeof(float) +
+               sizeof(uint64_t);
 }
 
 /* The launch of cu_gemv_res for l in S slices of halves of kw warps (its cluster attribute
