@@ -1632,8 +1632,8 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
         /* From two rows, down's blocks start as soon as gate|up's are past their wait, and
          * load their first weights before their own: V2-Lite batch 8 1.35% faster, batch
          * 32 and 64 0.4%. At one row, where gate|up streams at the memory's rate, down's
-         * early start made V2-Lite 0.7% slower, and 2.2% with gate|up leading (docs/PERF.md,
-         * thirty-first session, runs 6 and 8). */
+         * early start made V2-Lite 0.7% slower (docs/PERF.md, thirty-first session, run
+         * 8). */
         bool lead = rows > 1 && gu_swiglu;
         bool early = experts_mul(b, grouped, gu, slots, pairs, L->e_gu_qw, L->e_gu_sz, K, b->xn,
                              H, b->epart, gstride, gu_swiglu ? b->ehb : NULL,

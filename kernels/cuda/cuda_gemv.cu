@@ -1208,28 +1208,20 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 
         /* one commit group per chunk, empty ones included, so that the groups in flight
          * stay S - 2 behind the chunk being computed */
-        if (early) {
-                /* the first chunks' weights and scales before the wait, in S - 1 groups, their
-                 * x after it in S - 1 more: chunk w0's wait below finds both of its groups
-                 * done */
 #pragma unroll
-                for (int i = 0; i < S - 1; i++) {
-                        if (w0 + i < w1)
-                                load(w0 + i, true, false);
-                        cp_async_commit();
-                }
+        for (int i = 0; i < S - 1; i++) {
+                if (w0 + i < w1)
+                        load(w0 + i, true, !early);
+                cp_async_commit();
+        }
+        if (early) {
+                /* the first chunks' weights and scales went before the wait, their x goes
+                 * after it in S - 1 more groups: chunk w0's wait below finds both done */
                 pdl_wait();
 #pragma unroll
                 for (int i = 0; i < S - 1; i++) {
                         if (w0 + i < w1)
                                 load(w0 + i, false, true);
-                        cp_async_commit();
-                }
-        } else {
-#pragma unroll
-                for (int i = 0; i < S - 1; i++) {
-                        if (w0 + i < w1)
-                                load(w0 + i, true, true);
                         cp_async_commit();
                 }
         }
