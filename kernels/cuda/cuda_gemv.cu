@@ -935,19 +935,20 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         uint32_t col = RES_COLS * blockIdx.x + u;
         bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
         /* before any load, which its fence would otherwise wait for */
-        if (s == 0 && u == 0)
+        if (KW == RES_KW_MAX && s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
         /* the norm's weights and the bias are constant: loaded before the wait */
         float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
-        /* The slices' sums go to the first CTA by cl_send, which waits for them alone: with
-         * add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster than
-         * remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 5).
-         * A CTA sends to another's shared memory only once every CTA of the cluster has
-         * started: this arrival's wait comes long after, and it need order no memory but
-         * part_bar's init (whose fence releases it). The group's arrive releases: a
-         * MEMBAR.ALL.GPU that waits for the loads above before the sums issue theirs.
-         * Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and 7B (two) 0.2-0.5% slower,
-         * in three runs (docs/PERF.md, twenty-third session) */
+        /* Two CTAs an SM: the slices' sums go to the first CTA by cl_send, which waits for them
+         * alone: with add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster
+         * than remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 5).
+         * Three CTAs an SM keep the stores and the barrier: cl_send there made 32B 0.9% slower
+         * (thirty-second session, run 1; not explained). A CTA sends to another's shared memory
+         * only once every CTA of the cluster has started: this arrival's wait comes long after,
+         * and it need order no memory but part_bar's init (whose fence releases it). The
+         * group's arrive releases: a MEMBAR.ALL.GPU that waits for the loads above before the
+         * sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and 7B (two)
+         * 0.2-0.5% slower, in three runs (docs/PERF.md, twenty-third session) */
         cg::cluster_group cluster = cg::this_cluster();
         if (KW == RES_KW_MAX)
                 cluster.barrier_arrive();
@@ -974,11 +975,19 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
 #pragma unroll
                 for (int k = 0; k < KW; k++)
                         v += red[u / 32 * KW + k][j][q][4 * g];
-                cl_send(&part_s[s][u], &part_bar, 0, v);
+                if (KW == RES_KW_MAX)
+                        cl_send(&part_s[s][u], &part_bar, 0, v);
+                else
+                        *cluster.map_shared_rank(&part_s[s][u], 0) = v;
         }
+        if (KW != RES_KW_MAX)
+                cluster.barrier_arrive();
         if (s != 0)
                 return;
-        cl_slots_wait(&part_bar);
+        if (KW == RES_KW_MAX)
+                cl_slots_wait(&part_bar);
+        else
+                cluster.barrier_wait();
         if (mine) {
                 /* the slices in order, then the bias, then the residual, as k_add_norm adds */
                 float y = 0.0f;
