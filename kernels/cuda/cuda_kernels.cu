@@ -168,19 +168,22 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *
         k_embed<<<rows, EMBED_THREADS, 0, st>>>(embed, meta.tokens, chain, hidden, x);
 }
 
-/* One cluster of ADD_NORM_CTAS blocks of ADD_NORM_THREADS per output row: block c of the
- * cluster owns elements [c * chunk, (c + 1) * chunk) of the row, thread t elements c * chunk
- * + t + e * ADD_NORM_THREADS (e < ADD_NORM_PER), kept in registers. The partial slices are
- * read slice by slice for all of a thread's elements at once, so the loads of one slice are
- * in flight together and the sum keeps the fixed order s = 0, 1, ... The blocks' sums of
- * squares meet through distributed shared memory, each block adding them in rank order
- * (hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER). MOE: the input is a MoE
+/* One cluster of NC blocks of ADD_NORM_THREADS per output row (NC: ADD_NORM_CTAS, or
+ * ADD_NORM_WIDE where add_norm_ctas says): block c of the cluster owns elements [c * chunk,
+ * (c + 1) * chunk) of the row, thread t elements c * chunk + t + e * ADD_NORM_THREADS (e <
+ * ADD_NORM_PER), kept in registers. The partial slices are read slice by slice for all of a
+ * thread's elements at once, so the loads of one slice are in flight together and the sum
+ * keeps the fixed order s = 0, 1, ... The blocks' sums of squares meet through distributed
+ * shared memory, each block adding them in rank order (hidden <= ADD_NORM_CTAS *
+ * ADD_NORM_THREADS * ADD_NORM_PER). MOE: the input is a MoE
  * layer's pairs, summed as k_moe_combine sums them (the same order and fmas, so a row comes
  * out as from k_moe_combine then this kernel), in one launch where the two took two: up to
  * ADD_NORM_MOE rows, V2-Lite batch 1 took 1.7% less time, and at 32 rows 1.4% more (the
  * combine's 16-byte loads do better there; docs/PERF.md, eighth session). */
 #define ADD_NORM_MOE 8
 #define ADD_NORM_CTAS    8
+#define ADD_NORM_WIDE    16
+#define ADD_NORM_WIDE_ROWS 8
 #define ADD_NORM_THREADS 256
 #define ADD_NORM_PER     4
 #define ADD_NORM_LOADS   8 /* partial slices loaded at once */
@@ -189,7 +192,7 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *
  * grouping, as k_moe_route_group does them). Each thread's dot product over its segment in
  * order, the rq segments of an expert by a shuffle tree, the blocks' partials in rank
  * order by block 0: a fixed order, so a row's logits do not depend on the other rows. */
-template <int ROUTE>
+template <int ROUTE, uint32_t NC>
 __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const uint4 *rwv,
         const __half *xs_s, float (*rpart_s)[ROUTE_MAX], uint64_t *rbar, uint32_t re, uint32_t rs,
         uint32_t rq, uint32_t seg, bool rlive, uint32_t c, uint32_t j)
@@ -223,7 +226,7 @@ __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const ui
         __shared__ uint32_t idx_s[ROUTE == 2 ? 32 : 1];
         for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
                 float v = 0.0f;
-                for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
+                for (uint32_t k = 0; k < NC; k++)
                         v += rpart_s[k][e];
                 rr.logits[(size_t) j * E + e] = v;
                 if constexpr (ROUTE == 2)
@@ -247,8 +250,8 @@ __device__ __forceinline__ void router_epilogue(const CuNormRouter &rr, const ui
 /* QX: also the rows quantized into qx (cu_add_norm_quantizes). A template argument, not
  * a test of qx alone: the kernels without it stay as they were (7B and V2-Lite batch 8 were
  * 0.6% and 1% slower with the test; docs/PERF.md, fifteenth session). */
-template <bool MOE, int ROUTE, bool QX = false>
-__global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
+template <bool MOE, int ROUTE, bool QX, uint32_t NC>
+__global__ void __cluster_dims__(NC, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         k_add_norm(float *x, const float *part, uint32_t splits, size_t slice_stride,
                 const float *__restrict__ bias, const CuMoeSum moe,
                 const float *__restrict__ w, __half *xn, uint32_t hidden, float eps,
@@ -256,18 +259,23 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 const CuQx qx)
 {
         __shared__ float red[32];
-        __shared__ float ss_all[ADD_NORM_CTAS]; /* the blocks' sums of squares, by rank */
+        /* the blocks' sums of squares, by rank; in a wide cluster their first 4 warps' */
+        constexpr bool WIDE = NC == ADD_NORM_WIDE;
+        static_assert(NC == ADD_NORM_CTAS || (WIDE && NC == 2 * ADD_NORM_CTAS &&
+                                                      ADD_NORM_THREADS / 32 == 2 * 4),
+                "a wide block is half of an ADD_NORM_CTAS block: 4 warps");
+        __shared__ __align__(16) float ss_all[WIDE ? 4 * NC : NC];
         /* the block's normed slice (ROUTE, qx), and (rank 0) every block's router partials */
         __shared__ __align__(16) __half xs_s[ROUTE || QX ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
-        __shared__ float rpart_s[ROUTE ? ADD_NORM_CTAS : 1][ROUTE ? ROUTE_MAX : 1];
+        __shared__ float rpart_s[ROUTE ? NC : 1][ROUTE ? ROUTE_MAX : 1];
         /* what the other blocks send: the sums of squares, (rank 0, ROUTE) the router's */
         __shared__ __align__(8) uint64_t bar[2];
         uint32_t c = cg::this_cluster().block_rank();
-        uint32_t chunk = (hidden + ADD_NORM_CTAS - 1) / ADD_NORM_CTAS;
+        uint32_t chunk = (hidden + NC - 1) / NC;
         if (threadIdx.x == 0) {
-                cl_slots_init(&bar[0], ADD_NORM_CTAS * sizeof(float));
+                cl_slots_init(&bar[0], sizeof(ss_all));
                 if (ROUTE && c == 0)
-                        cl_slots_init(&bar[1], ADD_NORM_CTAS * rr.rt.n_routed * sizeof(float));
+                        cl_slots_init(&bar[1], NC * rr.rt.n_routed * sizeof(float));
         }
         __cluster_barrier_arrive_relaxed();
         uint32_t lo = c * chunk, hi = min(hidden, lo + chunk);
@@ -372,16 +380,31 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                 }
         }
         /* Each block sends its sum into every block's ss_all[c]: all reads are local, so no
-         * block waits for the others to finish reading, and each waits for its 8 sums only
-         * (cl_send: half a cluster barrier's time). */
+         * block waits for the others to finish reading, and each waits for its sums only
+         * (cl_send: half a cluster barrier's time). A wide block sends its 4 warps' sums
+         * instead, which its receivers add as the ADD_NORM_CTAS block of which it is a half
+         * would have (block_sum's order): a row's bits do not depend on the cluster. */
         ss = block_sum(ss, red);
         __cluster_barrier_wait();
-        if (threadIdx.x < ADD_NORM_CTAS)
-                cl_send(&ss_all[c], &bar[0], threadIdx.x, ss);
+        if (threadIdx.x < NC) {
+                if constexpr (WIDE)
+                        cl_send4((float4 *) &ss_all[4 * c], &bar[0], threadIdx.x,
+                                make_float4(red[0], red[1], red[2], red[3]));
+                else
+                        cl_send(&ss_all[c], &bar[0], threadIdx.x, ss);
+        }
         cl_slots_wait(&bar[0]);
         float tot = 0.0f;
-        for (uint32_t k = 0; k < ADD_NORM_CTAS; k++)
-                tot += ss_all[k];
+        for (uint32_t k = 0; k < ADD_NORM_CTAS; k++) {
+                if constexpr (WIDE) {
+                        float s8 = 0.0f;
+                        for (uint32_t w = 0; w < 8; w++)
+                                s8 += ss_all[8 * k + w];
+                        tot += s8;
+                } else {
+                        tot += ss_all[k];
+                }
+        }
         float inv = 1.0f / sqrtf(tot / (float) hidden + eps);
 #pragma unroll
         for (uint32_t e = 0; e < ADD_NORM_PER; e++) {
@@ -403,8 +426,8 @@ __global__ void __cluster_dims__(ADD_NORM_CTAS, 1, 1) __launch_bounds__(ADD_NORM
                                 it < n, qx.items + (size_t) at * 32, qx.recs + at);
         }
         if constexpr (ROUTE > 0)
-                router_epilogue<ROUTE>(rr, rwv, xs_s, rpart_s, &bar[1], re, rs, rq, seg, rlive, c,
-                        j);
+                router_epilogue<ROUTE, NC>(rr, rwv, xs_s, rpart_s, &bar[1], re, rs, rq, seg, rlive,
+                        c, j);
 }
 
 /* Steps of more than ADD_NORM_MANY rows: one block of ADD_NORM_GROUPS groups of
@@ -506,14 +529,28 @@ __global__ void __launch_bounds__(ADD_NORM_GROUPS * ADD_NORM_THREADS) k_add_norm
 /* Segments an expert's router dot product takes in a block's slice of hidden (rq in
  * k_add_norm): the most, up to a warp, that leave every expert's threads in the block and
  * whole 16-byte pieces in each segment; 0 where a segment would be over 64 halves. */
-static uint32_t router_segs(uint32_t hidden, uint32_t n_routed)
+static uint32_t router_segs(uint32_t hidden, uint32_t n_routed, uint32_t nc)
 {
-        uint32_t chunk = hidden / ADD_NORM_CTAS, rq = 1;
-        if (n_routed == 0 || n_routed > ROUTE_MAX || hidden % (8 * ADD_NORM_CTAS) != 0)
+        uint32_t chunk = hidden / nc, rq = 1;
+        if (n_routed == 0 || n_routed > ROUTE_MAX || hidden % (8 * nc) != 0)
                 return 0;
         while (rq < 32 && 2 * rq * n_routed <= ADD_NORM_THREADS && chunk % (16 * rq) == 0)
                 rq *= 2;
         return rq * n_routed <= ADD_NORM_THREADS && chunk / rq <= 64 ? rq : 0;
+}
+
+/* k_add_norm's blocks a row: ADD_NORM_WIDE in steps of up to ADD_NORM_WIDE_ROWS where a
+ * thread of ADD_NORM_CTAS blocks holds one element at most and a wide block is whole chunks
+ * of 64 (so whole warps, and whole quantized chunks). Each wide block is then half of an
+ * ADD_NORM_CTAS block, with that block's first or last 4 warps, and the sums come out bit
+ * for bit as there. Half the partials and router weights a block made V2-Lite batch 8
+ * faster; at 32 rows 512 blocks were slower (docs/PERF.md, thirty-second session). */
+static uint32_t add_norm_ctas(uint32_t rows, uint32_t hidden)
+{
+        return rows <= ADD_NORM_WIDE_ROWS && hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS &&
+                               hidden % (64 * ADD_NORM_WIDE) == 0
+                       ? ADD_NORM_WIDE
+                       : ADD_NORM_CTAS;
 }
 
 bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed)
@@ -521,7 +558,7 @@ bool cu_add_norm_routes(uint32_t rows, uint32_t hidden, uint32_t n_routed)
         /* up to 8 rows: V2-Lite batch 1 1.0% and batch 8 1.7% faster; batch 32 was 3% slower
          * (docs/PERF.md, tenth session) */
         return rows <= ROUTER_ROWS && hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER &&
-               router_segs(hidden, n_routed) > 0;
+               router_segs(hidden, n_routed, add_norm_ctas(rows, hidden)) > 0;
 }
 
 static_assert(QX_ROWS <= ADD_NORM_MANY, "the cluster kernel quantizes");
@@ -530,6 +567,27 @@ bool cu_add_norm_quantizes(uint32_t rows, uint32_t hidden)
 {
         return rows <= QX_ROWS && hidden % (64 * ADD_NORM_CTAS) == 0 &&
                hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER;
+}
+
+/* k_add_norm for a cluster of NC (a wide one may take a non-portable size: allowed once). */
+template <uint32_t NC>
+static auto add_norm_kernel(bool moe, int route, bool qx)
+{
+        if constexpr (NC != ADD_NORM_CTAS) {
+                static bool opted;
+                if (!opted) {
+                        for (auto f : {k_add_norm<true, 0, true, NC>, k_add_norm<true, 0, false, NC>,
+                                     k_add_norm<false, 0, true, NC>, k_add_norm<false, 0, false, NC>,
+                                     k_add_norm<false, 1, false, NC>, k_add_norm<false, 2, false, NC>})
+                                cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                        opted = true;
+                }
+        }
+        if (route)
+                return route == 2 ? k_add_norm<false, 2, false, NC> : k_add_norm<false, 1, false, NC>;
+        if (moe)
+                return qx ? k_add_norm<true, 0, true, NC> : k_add_norm<true, 0, false, NC>;
+        return qx ? k_add_norm<false, 0, true, NC> : k_add_norm<false, 0, false, NC>;
 }
 
 bool cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
@@ -556,18 +614,19 @@ bool cu_add_norm(cudaStream_t st, float *x, const float *part, uint32_t splits,
                         splits, slice_stride, bias, w, xn, hidden, eps, out_row, write_res);
                 return false;
         }
-        dim3 grid(ADD_NORM_CTAS, rows);
+        uint32_t nc = add_norm_ctas(rows, hidden);
         CuNormRouter rr = {};
         uint32_t rq = 1;
-        auto k = m.w ? (q.items ? k_add_norm<true, 0, true> : k_add_norm<true, 0>)
-                     : (q.items ? k_add_norm<false, 0, true> : k_add_norm<false, 0>);
+        int route = 0;
         if (router && !m.w) {
                 rr = *router;
-                rq = router_segs(hidden, rr.rt.n_routed);
-                k = rows == 1 && rr.idx ? k_add_norm<false, 2> : k_add_norm<false, 1>;
+                rq = router_segs(hidden, rr.rt.n_routed, nc);
+                route = rows == 1 && rr.idx ? 2 : 1;
         }
-        k<<<grid, ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, m, w, xn, hidden,
-                eps, out_row, write_res, rr, rq, q);
+        auto k = nc == ADD_NORM_WIDE ? add_norm_kernel<ADD_NORM_WIDE>(m.w, route, q.items)
+                                     : add_norm_kernel<ADD_NORM_CTAS>(m.w, route, q.items);
+        k<<<dim3(nc, rows), ADD_NORM_THREADS, 0, st>>>(x, part, splits, slice_stride, bias, m, w,
+                xn, hidden, eps, out_row, write_res, rr, rq, q);
         return q.items != NULL;
 }
 

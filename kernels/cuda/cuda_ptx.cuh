@@ -181,6 +181,19 @@ __device__ __forceinline__ void cl_send(float *slot, uint64_t *bar, uint32_t ran
                 : "memory");
 }
 
+/* v into CTA rank's copy of *slot (16-byte aligned), counted on its copy of *bar. */
+__device__ __forceinline__ void cl_send4(float4 *slot, uint64_t *bar, uint32_t rank, float4 v)
+{
+        uint32_t d, b;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(slot)), "r"(rank));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_addr(bar)), "r"(rank));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+                     "[%5];" ::"r"(d),
+                "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
+                "r"(__float_as_uint(v.w)), "r"(b)
+                : "memory");
+}
+
 /* Until bar's first phase is complete: every byte sent to this CTA is visible. */
 __device__ __forceinline__ void cl_slots_wait(uint64_t *bar)
 {

@@ -320,6 +320,9 @@ int main(void)
                  * head groups) */
                 {BK_ARCH_DEEPSEEK_V3, 256, 384, 2, 20, 300, 64, 192, 256, 64, 32, 64, 32, 1, 4, 64,
                         8, 3, BK_TOPK_NOAUX_TC, BK_SCORING_SIGMOID, true, 2.5f},
+                /* hidden 1024: add_norm in clusters of 16 blocks (add_norm_ctas), routing too */
+                {BK_ARCH_DEEPSEEK_V2, 1024, 512, 2, 8, 300, 64, 0, 256, 64, 32, 64, 16, 2, 4, 128,
+                        1, 1, BK_TOPK_GREEDY, BK_SCORING_SOFTMAX, true, 1.0f},
         };
         /* the router alone at the full models' expert counts, which the small shapes above
          * do not reach: each count of 32-expert columns a routing lane holds (1, 2, 4, 8)

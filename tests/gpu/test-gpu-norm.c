@@ -184,9 +184,13 @@ int main(void)
         worst = fmax(worst, check(2048, 96, 1, true, false));
         worst = fmax(worst, check(200, 8192, 1, false, false));
         worst = fmax(worst, check(250, 1000, 1, true, true));
+        /* clusters of 16 (add_norm_ctas): each ends in a pass of 8 rows */
+        worst = fmax(worst, check(200, 2048, 2, true, false));
+        worst = fmax(worst, check(40, 1024, 1, false, true));
         check_quantized(1, 3584);
         check_quantized(4, 512);
         check_quantized(3, 8192);
+        check_quantized(2, 2048);
         printf("add_norm: worst relative error %.3g (tolerance %g), passes bit-identical, "
                "quantized rows as specified\n",
                 worst, TOL);
