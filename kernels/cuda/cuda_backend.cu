@@ -866,7 +866,8 @@ static int scratch_alloc(Backend *b, DsError *err)
         DALLOC(b->x, R * c->hidden * 4, "residual");
         DALLOC(b->xn, R * k_max * 2, "normed rows");
         /* not in MLA models: V2-Lite batch 1 was 1.4% slower with it, even with the routing
-         * add_norms left out (docs/PERF.md, fifteenth session) */
+         * add_norms left out (docs/PERF.md, fifteenth session), and still 0.8% slower in the
+         * thirty-second session (run 10) */
         if (!b->mla && cu_add_norm_quantizes(1, c->hidden)) {
                 b->qx.chunks = c->hidden / 64;
                 DALLOC(b->qx.items, (size_t) QX_ROWS * b->qx.chunks * 128, "quantized rows");
