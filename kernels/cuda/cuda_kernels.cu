@@ -174,9 +174,9 @@ void cu_embed(cudaStream_t st, const __half *embed, CuMeta meta, const int32_t *
  * ADD_NORM_PER), kept in registers. The partial slices are read slice by slice for all of a
  * thread's elements at once, so the loads of one slice are in flight together and the sum
  * keeps the fixed order s = 0, 1, ... The blocks' sums of squares meet through distributed
- * shared memory, each block adding them in rank order (hidden <= ADD_NORM_CTAS *
- * ADD_NORM_THREADS * ADD_NORM_PER). MOE: the input is a MoE
- * layer's pairs, summed as k_moe_combine sums them (the same order and fmas, so a row comes
+ * shared memory, each block adding them in the order of an ADD_NORM_CTAS cluster's ranks
+ * (hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS * ADD_NORM_PER). MOE: the input is a MoE layer's
+ * pairs, summed as k_moe_combine sums them (the same order and fmas, so a row comes
  * out as from k_moe_combine then this kernel), in one launch where the two took two: up to
  * ADD_NORM_MOE rows, V2-Lite batch 1 took 1.7% less time, and at 32 rows 1.4% more (the
  * combine's 16-byte loads do better there; docs/PERF.md, eighth session). */
@@ -261,9 +261,9 @@ __global__ void __cluster_dims__(NC, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         __shared__ float red[32];
         /* the blocks' sums of squares, by rank; in a wide cluster their first 4 warps' */
         constexpr bool WIDE = NC == ADD_NORM_WIDE;
-        static_assert(NC == ADD_NORM_CTAS || (WIDE && NC == 2 * ADD_NORM_CTAS &&
-                                                      ADD_NORM_THREADS / 32 == 2 * 4),
-                "a wide block is half of an ADD_NORM_CTAS block: 4 warps");
+        constexpr uint32_t WARPS = ADD_NORM_THREADS / 32;
+        static_assert(NC == ADD_NORM_CTAS || (WIDE && NC == 2 * ADD_NORM_CTAS && WARPS == 2 * 4),
+                "a wide block is half of an ADD_NORM_CTAS block: 4 warps, one float4");
         __shared__ __align__(16) float ss_all[WIDE ? 4 * NC : NC];
         /* the block's normed slice (ROUTE, qx), and (rank 0) every block's router partials */
         __shared__ __align__(16) __half xs_s[ROUTE || QX ? ADD_NORM_THREADS * ADD_NORM_PER : 1];
@@ -397,10 +397,10 @@ __global__ void __cluster_dims__(NC, 1, 1) __launch_bounds__(ADD_NORM_THREADS)
         float tot = 0.0f;
         for (uint32_t k = 0; k < ADD_NORM_CTAS; k++) {
                 if constexpr (WIDE) {
-                        float s8 = 0.0f;
-                        for (uint32_t w = 0; w < 8; w++)
-                                s8 += ss_all[8 * k + w];
-                        tot += s8;
+                        float sk = 0.0f;
+                        for (uint32_t w = 0; w < WARPS; w++)
+                                sk += ss_all[WARPS * k + w];
+                        tot += sk;
                 } else {
                         tot += ss_all[k];
                 }
