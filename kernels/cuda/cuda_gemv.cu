@@ -934,8 +934,9 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         uint32_t w0 = c0 + (c1 - c0) * wq / KW, w1 = c0 + (c1 - c0) * (wq + 1) / KW;
         uint32_t col = RES_COLS * blockIdx.x + u;
         bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
+        constexpr bool SEND = KW == RES_KW_MAX; /* the slices' sums by cl_send (below) */
         /* before any load, which its fence would otherwise wait for */
-        if (KW == RES_KW_MAX && s == 0 && u == 0)
+        if (SEND && s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
         /* the norm's weights and the bias are constant: loaded before the wait */
         float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
@@ -975,16 +976,16 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
 #pragma unroll
                 for (int k = 0; k < KW; k++)
                         v += red[u / 32 * KW + k][j][q][4 * g];
-                if (KW == RES_KW_MAX)
+                if (SEND)
                         cl_send(&part_s[s][u], &part_bar, 0, v);
                 else
                         *cluster.map_shared_rank(&part_s[s][u], 0) = v;
         }
-        if (KW != RES_KW_MAX)
+        if (!SEND)
                 cluster.barrier_arrive();
         if (s != 0)
                 return;
-        if (KW == RES_KW_MAX)
+        if (SEND)
                 cl_slots_wait(&part_bar);
         else
                 cluster.barrier_wait();

@@ -170,12 +170,19 @@ __device__ __forceinline__ void cl_slots_init(uint64_t *bar, uint32_t bytes)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
+/* CTA rank's addresses of this CTA's *slot and *bar, for st.async. */
+__device__ __forceinline__ void cl_map(const void *slot, uint64_t *bar, uint32_t rank, uint32_t *d,
+        uint32_t *b)
+{
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(*d) : "r"(smem_addr(slot)), "r"(rank));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(*b) : "r"(smem_addr(bar)), "r"(rank));
+}
+
 /* v into CTA rank's copy of *slot, counted on its copy of *bar. */
 __device__ __forceinline__ void cl_send(float *slot, uint64_t *bar, uint32_t rank, float v)
 {
         uint32_t d, b;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(slot)), "r"(rank));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_addr(bar)), "r"(rank));
+        cl_map(slot, bar, rank, &d, &b);
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(d),
                 "r"(__float_as_uint(v)), "r"(b)
                 : "memory");
@@ -185,8 +192,7 @@ __device__ __forceinline__ void cl_send(float *slot, uint64_t *bar, uint32_t ran
 __device__ __forceinline__ void cl_send4(float4 *slot, uint64_t *bar, uint32_t rank, float4 v)
 {
         uint32_t d, b;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(smem_addr(slot)), "r"(rank));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(smem_addr(bar)), "r"(rank));
+        cl_map(slot, bar, rank, &d, &b);
         asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
                      "[%5];" ::"r"(d),
                 "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)), "r"(__float_as_uint(v.z)),
