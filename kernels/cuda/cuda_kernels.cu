@@ -544,7 +544,8 @@ static uint32_t router_segs(uint32_t hidden, uint32_t n_routed, uint32_t nc)
  * of 64 (so whole warps, and whole quantized chunks). Each wide block is then half of an
  * ADD_NORM_CTAS block, with that block's first or last 4 warps, and the sums come out bit
  * for bit as there. Half the partials and router weights a block made V2-Lite batch 8
- * faster; at 32 rows 512 blocks were slower (docs/PERF.md, thirty-second session). */
+ * faster; at 32 rows an earlier form was slower, and this one is not measured there
+ * (docs/PERF.md, thirty-second session). */
 static uint32_t add_norm_ctas(uint32_t rows, uint32_t hidden)
 {
         return rows <= ADD_NORM_WIDE_ROWS && hidden <= ADD_NORM_CTAS * ADD_NORM_THREADS &&
