@@ -146,6 +146,9 @@ struct Backend {
          * the norm's factor at one row (cu_gemv_res), and whether the step's rows are such */
         CuQx qx_res;
         bool qx_deferred;
+        /* a dense MLP's hb of one row quantized by 16 k, where down ends as o does (NULL
+         * items: no layer's does, or the MLP's width is not whole chunks) */
+        CuQx hq;
         float2 *ml;
         __half *w16;
         int32_t *ids_d;
@@ -340,10 +343,10 @@ static void weights_free(Backend *b)
                 b->w16, b->ids_d, b->meta_db[0], b->meta_db[1], b->samp_db[0], b->samp_db[1],
                 b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
-                b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss};
+                b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss, b->hq.items, b->hq.recs};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
-        b->qx = b->qx_res = CuQx{};
+        b->qx = b->qx_res = b->hq = CuQx{};
         b->qx_live = b->qx_deferred = false;
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
@@ -878,6 +881,13 @@ static int scratch_alloc(Backend *b, DsError *err)
                         b->qx_res.eps = c->rms_eps;
                         DALLOC(b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
                                 "quantized rows' sums of squares");
+                        if (c->intermediate % 64 == 0) {
+                                b->hq.chunks = c->intermediate / 64;
+                                DALLOC(b->hq.items, (size_t) b->hq.chunks * 128,
+                                        "quantized mlp activations");
+                                DALLOC(b->hq.recs, (size_t) b->hq.chunks * 4 * sizeof(float2),
+                                        "quantized mlp activations' scales");
+                        }
                 }
         }
         DALLOC(b->q, R * q_width(c) * 4, "queries");
@@ -1655,13 +1665,17 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
 
 /* b->hb = silu(gate) * up of the rows from b->xn: in the GEMV's last step where its tiles
  * are paired and it has one slice (the GEMV path; returns true), else through the
- * partials. */
-static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows)
+ * partials. *hq (NULL, or one row of gu->out / 2 = 64 (*hq)->chunks): where the GEMV can,
+ * it writes hb quantized by 16 k there instead; else *hq becomes NULL. */
+static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows, const CuQx **hq)
 {
         if (gu->pairs && rows <= GEMV_MAX_ROWS && gu->splits == 1) {
-                cu_gemv_gate_up(b->st, gu, b->xn, gu->in, rows, b->hb, xn_quantized(b, b->xn));
+                if (!cu_gemv_gate_up(b->st, gu, b->xn, gu->in, rows, b->hb, xn_quantized(b, b->xn),
+                            *hq))
+                        *hq = NULL;
                 return true;
         }
+        *hq = NULL;
         uint32_t s = linear(b, gu, b->xn, rows, b->part);
         cu_swiglu(b->st, b->part, s, (size_t) rows * gu->out, gu->bias, rows, gu->out / 2,
                 gu->pairs, b->hb);
@@ -1719,7 +1733,7 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* output projection and residual, ffn rmsnorm */
                 if (rows == 1 && L->o.res_splits) {
-                        cu_gemv_res(b->st, &L->o, b->att, b->x, L->mlp_norm, &b->qx_res);
+                        cu_gemv_res(b->st, &L->o, b->att, b->x, L->mlp_norm, &b->qx_res, NULL);
                         b->qx_live = b->qx_deferred = true;
                 } else {
                         b->qx_deferred = false;
@@ -1746,10 +1760,16 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                         prev_moe = &moe;
                         continue;
                 }
-                mlp_gate_up(b, &L->gate_up, rows);
+                /* at one row, where down ends as o does, hb goes to it quantized by 16 k
+                 * (CuQx, cuda_kernels.cuh), so that down runs the integer GEMV's loop */
+                const CuQx *hq = rows == 1 && L->down.res_splits && b->hq.items &&
+                                                 L->gate_up.out / 2 == b->hq.chunks * 64
+                                         ? &b->hq
+                                         : NULL;
+                mlp_gate_up(b, &L->gate_up, rows, &hq);
                 if (rows == 1 && L->down.res_splits) {
                         cu_gemv_res(b->st, &L->down, b->hb, b->x, b->layers[l + 1].attn_norm,
-                                &b->qx_res);
+                                &b->qx_res, hq);
                         continue;
                 }
                 prev_s = linear(b, &L->down, b->hb, rows, b->part);
@@ -2821,8 +2841,74 @@ static void test_slices(const float *yh, uint32_t s, size_t n, const BkLinear *l
         }
 }
 
+/* Tests: where part p of k (of a chunk) lies in CuQx's by-16 layout: its word and byte
+ * (k 4 t + {0, 2, 1, 3} are a word's bytes 0..3). */
+static void hq_place(uint32_t k, uint32_t p, uint32_t *word, uint32_t *byte)
+{
+        uint32_t i = k % 4;
+        *word = 8 * (k / 16) + 4 * p + k % 16 / 4;
+        *byte = i == 1 ? 2 : i == 2 ? 1 : i;
+}
+
+/* Tests: n values (whole chunks) quantized by 16 k into items and recs (by-16 layout),
+ * with the arithmetic of the gate|up GEMV's hq_store. */
+static void hq_encode(const float *v, size_t n, uint32_t *items, float2 *recs)
+{
+        memset(items, 0, n / 64 * 128);
+        for (size_t s0 = 0; s0 < n; s0 += 16) {
+                float m = 0.0f;
+                for (size_t k = 0; k < 16; k++)
+                        m = fmaxf(m, fabsf(v[s0 + k]));
+                float inv = m > 0.0f ? (float) QX_XMAX / m : 0.0f;
+                int sum = 0;
+                for (size_t k = 0; k < 16; k++) {
+                        int X = (int) rintf(v[s0 + k] * inv);
+                        int hi = (X + 128 + 32768) / 256 - 128, part[2] = {hi, X - 256 * hi};
+                        sum += X;
+                        for (uint32_t p = 0; p < 2; p++) {
+                                uint32_t w, byte;
+                                hq_place((uint32_t) ((s0 + k) % 64), p, &w, &byte);
+                                items[(s0 + k) / 64 * 32 + w] |= ((uint32_t) part[p] & 0xffu)
+                                                                << (8 * byte);
+                        }
+                }
+                float2 rec = {m / (float) QX_XMAX, 0.0f};
+                memcpy(&rec.y, &sum, 4);
+                recs[s0 / 16] = rec;
+        }
+}
+
+/* Tests: the n values that items and recs (by-16 layout) hold; -EPROTO where a value is
+ * out of range or a record's sum is not its k-step's. */
+static int hq_decode(const uint32_t *items, const float2 *recs, size_t n, float *v, DsError *err)
+{
+        for (size_t s0 = 0; s0 < n; s0 += 16) {
+                int sum = 0, want;
+                memcpy(&want, &recs[s0 / 16].y, 4);
+                for (size_t k = 0; k < 16; k++) {
+                        int part[2];
+                        for (uint32_t p = 0; p < 2; p++) {
+                                uint32_t w, byte;
+                                hq_place((uint32_t) ((s0 + k) % 64), p, &w, &byte);
+                                part[p] = (int8_t) (items[(s0 + k) / 64 * 32 + w] >> (8 * byte));
+                        }
+                        int X = 256 * part[0] + part[1];
+                        if (X > QX_XMAX || X < -QX_XMAX)
+                                return ds_error(err, -EPROTO, "hq: k %zu is %d, out of range",
+                                        s0 + k, X);
+                        sum += X;
+                        v[s0 + k] = recs[s0 / 16].x * (float) X;
+                }
+                if (sum != want)
+                        return ds_error(err, -EPROTO,
+                                "hq: k-step %zu's record sums %d, its values %d", s0 / 16, want,
+                                sum);
+        }
+        return 0;
+}
+
 extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x,
-        uint32_t rows, float *h, bool *paired, bool *fused, DsError *err)
+        uint32_t rows, bool by16, float *h, bool *paired, bool *fused, DsError *err)
 {
         Backend *b = NULL;
         CuLinear gu = {};
@@ -2849,23 +2935,51 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
                 r = dalloc((void **) &b->hb, rows * I * 2, "hb", err);
         if (r == 0 && gu.awq)
                 r = dalloc((void **) &b->w16, 2 * I * K * 2, "w16", err);
+        if (r == 0 && by16 && (rows != 1 || I % 64 != 0))
+                r = ds_error(err, -EINVAL, "test gate_up: hb of %u rows of %zu by 16 k", rows, I);
+        b->hq.chunks = (uint32_t) (I / 64);
+        if (r == 0 && by16)
+                r = dalloc((void **) &b->hq.items, I * 2, "quantized hb", err);
+        if (r == 0 && by16)
+                r = dalloc((void **) &b->hq.recs, I / 16 * sizeof(float2), "quantized hb's scales",
+                        err);
         uint16_t *hh = (uint16_t *) calloc(rows * I, 2);
-        if (r == 0 && !hh)
+        uint32_t *items = (uint32_t *) calloc(I / 2 + 1, 4);
+        float2 *recs = (float2 *) calloc(I / 16 + 1, sizeof(float2));
+        if (r == 0 && (!hh || !items || !recs))
                 r = ds_error(err, -ENOMEM, "out of memory");
         if (r == 0)
                 r = test_input(b, xd, x, rows, K, err);
         if (r == 0) {
-                *fused = mlp_gate_up(b, &gu, rows);
-                cudaError_t e = test_sync(b);
+                /* poison: a k-step not written shows as a NaN scale */
+                cudaError_t e = by16 ? cudaMemsetAsync(b->hq.recs, 0xff, I / 16 * sizeof(float2),
+                                               b->st)
+                                     : cudaSuccess;
+                const CuQx *hq = by16 ? &b->hq : NULL;
+                *fused = mlp_gate_up(b, &gu, rows, &hq);
+                if (by16 && !hq)
+                        r = ds_error(err, -EINVAL, "test gate_up: %zu -> 2 x %zu: hb not by 16 k",
+                                K, I);
                 if (e == cudaSuccess)
+                        e = test_sync(b);
+                if (e == cudaSuccess && by16)
+                        e = cudaMemcpy(items, b->hq.items, I * 2, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess && by16)
+                        e = cudaMemcpy(recs, b->hq.recs, I / 16 * sizeof(float2),
+                                cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess && !by16)
                         e = cudaMemcpy(hh, b->hb, rows * I * 2, cudaMemcpyDeviceToHost);
-                if (e == cudaSuccess)
+                if (e == cudaSuccess && !by16)
                         for (size_t i = 0; i < rows * I; i++)
                                 h[i] = f16_to_f32(hh[i]);
                 if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test gate_up");
+                else if (r == 0 && by16)
+                        r = hq_decode(items, recs, I, h, err);
         }
         free(hh);
+        free(items);
+        free(recs);
         dfree(xd);
         linear_free(&gu);
         cuda_free(b);
@@ -2917,7 +3031,7 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
 }
 
 extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
-        const float *x, float *h, const float *w, float eps, float *y, DsError *err)
+        const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err)
 {
         Backend *b = NULL;
         CuLinear d = {}, cd = {};
@@ -2958,9 +3072,31 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
         if (r == 0)
                 r = dalloc((void **) &b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
                         "sums of squares", err);
+        if (r == 0 && by16 && K % 64 != 0)
+                r = ds_error(err, -EINVAL, "test res: x of %zu by 16 k", K);
+        b->hq.chunks = (uint32_t) (K / 64);
+        if (r == 0 && by16)
+                r = dalloc((void **) &b->hq.items, K * 2, "quantized x", err);
+        if (r == 0 && by16)
+                r = dalloc((void **) &b->hq.recs, K / 16 * sizeof(float2), "quantized x's scales",
+                        err);
         float *yh = (float *) calloc((size_t) cd.splits * c->out, sizeof(float));
-        if (r == 0 && !yh)
+        uint32_t *items = (uint32_t *) calloc(K / 2 + 1, 4);
+        float2 *recs = (float2 *) calloc(K / 16 + 1, sizeof(float2));
+        if (r == 0 && (!yh || !items || !recs))
                 r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0 && by16) {
+                hq_encode(x, K, items, recs);
+                cudaError_t e = cudaMemcpyAsync(b->hq.items, items, K * 2, cudaMemcpyHostToDevice,
+                        b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(b->hq.recs, recs, K / 16 * sizeof(float2),
+                                cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaStreamSynchronize(b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test res quantized input");
+        }
         if (r == 0) {
                 /* on the kernels' stream, which does not wait for the legacy one */
                 cudaError_t e = cudaMemcpyAsync(xd, x, K * 4, cudaMemcpyHostToDevice, b->st);
@@ -2978,8 +3114,12 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                 b->qx_res = b->qx;
                 b->qx_res.ss = ss;
                 b->qx_res.eps = eps;
-                cu_to_half(b->st, xd, x16, K);
-                cu_gemv_res(b->st, &d, x16, hd, wd, &b->qx_res);
+                /* by 16: x16 stays NaN, and the GEMV must take the quantized x */
+                if (by16)
+                        cudaMemsetAsync(x16, 0xff, K * 2, b->st);
+                else
+                        cu_to_half(b->st, xd, x16, K);
+                cu_gemv_res(b->st, &d, x16, hd, wd, &b->qx_res, by16 ? &b->hq : NULL);
                 b->qx_live = b->qx_deferred = true;
                 uint32_t s = linear(b, &cd, b->xn, 1, yd);
                 cudaError_t e = test_sync(b);
@@ -2993,6 +3133,8 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                         r = cuda_fail(err, e, "test res");
         }
         free(yh);
+        free(items);
+        free(recs);
         dfree(xd);
         dfree(x16);
         dfree(hd);

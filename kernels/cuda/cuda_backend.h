@@ -27,9 +27,11 @@ int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y,
 
 /* Test hook: h (rows, gate->out) = silu(x · gate) * (x · up) through a dense MLP's gate|up
  * as a step of rows rows runs it, gate and up uploaded as one linear; *paired: whether its
- * tiles were paired (cu_awq_pair_tiles); *fused: whether the GEMV made h itself. */
+ * tiles were paired (cu_awq_pair_tiles); *fused: whether the GEMV made h itself. by16 (one
+ * row, gate->out a multiple of 64): h as the GEMV quantizes it by 16 k for down, decoded;
+ * -EPROTO where a record's sum or a value is wrong. */
 int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const float *x, uint32_t rows,
-        float *h, bool *paired, bool *fused, DsError *err);
+        bool by16, float *h, bool *paired, bool *fused, DsError *err);
 
 /* Test hook: a GQA layer's q|k|v linear l (n_heads + 2 n_kv_heads heads of hd) of the rows
  * of x, rotated at positions pos with inv_freq (hd / 2), as a step of rows rows runs it on
@@ -44,9 +46,11 @@ int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
  * (cu_gemv_res) in splits K slices of CTAs of 2 kw warps, then the integer GEMV of the
  * linear c (c->in = l->out) taking its output as a step does: h (l->out) += x · W + bias in
  * place, and y (c->out) = (w * h / rms(h)) · C + c's bias, rms(h) = sqrt(mean h^2 + eps).
- * -EINVAL where cu_gemv_res or the integer GEMV does not take l, splits, kw or c. */
+ * -EINVAL where cu_gemv_res or the integer GEMV does not take l, splits, kw or c. by16: x
+ * goes to it quantized by 16 k, as gate|up's GEMV hands hb to down (l->in a multiple of
+ * 64). */
 int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
-        const float *x, float *h, const float *w, float eps, float *y, DsError *err);
+        const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err);
 
 /* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p

@@ -113,6 +113,7 @@ struct AwqArgs {
         __half *hb; /* paired gate|up tiles, one slice: silu(gate) * up (rows, N / 2), not y */
         CuQx qx;    /* x quantized, for k_gemv_qx */
         CuRopeKv rope; /* k_gemv_qx's rope epilogue (cu_gemv_qkv_rope) */
+        CuQx hq;       /* with hb, one row: hb quantized by 16 k instead (cu_gemv_gate_up) */
 };
 
 /* (w & mask) | 0x64006400 in one lop3 (the compiler makes two of it). */
@@ -191,13 +192,49 @@ __device__ __forceinline__ float warps_sum(const AwqRed *red, int j, int q, uint
         return v;
 }
 
+/* hb of one row quantized by 16 k (CuQx's by-16 layout, cuda_kernels.cuh): the CTA's gate
+ * and up tiles make columns 16 u .. 16 u + 15 of hb (u = tile0 / 2), k-step u % 4 of chunk
+ * u / 4, which one warp quantizes as qx_chunk_f does a chunk, from red: lane l and l + 16
+ * take column l % 16 (a shuffle takes all 32), lanes 0..7 write the 8 words, lane 0 the
+ * record. The SwiGLU is awq_store's, so X is the FP16 path's value before its rounding. */
+template <int KW>
+__device__ __forceinline__ void hq_store(const AwqArgs &a, const AwqRed *red, uint32_t tile0)
+{
+        uint32_t lane = threadIdx.x % 32, l = lane % 16;
+        /* column l of row 0: register 2 (l / 8) of lane 4 (l % 8) */
+        uint32_t src = 4 * (l % 8), q = 2 * (l / 8);
+        float v = silu_mul(warps_sum<KW>(red, 0, q, src), warps_sum<KW>(red, 1, q, src));
+        /* the largest |v| in one redux: the bits of floats >= 0 order as their values */
+        float m = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(v))));
+        float inv = m > 0.0f ? (float) QX_XMAX / m : 0.0f;
+        /* |v| <= m, so |v * inv| rounds to at most QX_XMAX */
+        int X = __float2int_rn(v * inv);
+        int sum = __reduce_add_sync(0xffffffffu, lane < 16 ? X : 0);
+        int hi = (X + 128) >> 8, lo = X - 256 * hi;
+        uint32_t both = ((uint32_t) hi & 0xffu) | ((uint32_t) lo & 0xffu) << 8;
+        /* lane 4 p + t < 8: word 4 p + t, part p of k 4 t + {0, 2, 1, 3} (qx_word's order) */
+        uint32_t p = lane / 4 % 2, t = lane % 4, word = 0;
+#pragma unroll
+        for (uint32_t b = 0; b < 4; b++) {
+                uint32_t k = 4 * t + (b == 1 ? 2 : b == 2 ? 1 : b);
+                word |= (__shfl_sync(0xffffffffu, both, k) >> (8 * p) & 0xffu) << (8 * b);
+        }
+        uint32_t u = tile0 / 2, ch = u / 4, s = u % 4;
+        if (lane < 8)
+                a.hq.items[(size_t) ch * 32 + 8 * s + lane] = word;
+        if (lane == 0)
+                a.hq.recs[(size_t) ch * 4 + s] = make_float2(m / (float) QX_XMAX, __int_as_float(sum));
+}
+
 /* The warps' sums c of a pass meet in red in warp order; warp 0 writes the pass's rows.
  * c[j][h]: columns g, g, g + 8, g + 8 of tile tile0 + j; rows 8h + 2t, 8h + 2t + 1.
  * SPREAD: every warp writes its share of the outputs. A barrier follows only where reuse
  * says red's space is written next by a warp that may be ahead of the others' reads; a
  * caller that alternates two reds passes false (a pass's red is rewritten only after the
- * next pass's barrier, which every warp reaches after its reads). */
-template <int H, int KW = AWQ_KW, bool SPREAD = false>
+ * next pass's barrier, which every warp reaches after its reads). HQ: where a.hq.items is
+ * set, hb goes there quantized by 16 k (hq_store); only k_gemv_qx's one-row gate|up asks,
+ * and the other kernels do without the code. */
+template <int H, int KW = AWQ_KW, bool SPREAD = false, bool HQ = false>
 __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], uint32_t tile0,
         uint32_t p0, uint32_t pr, AwqRed *red, bool reuse = true)
 {
@@ -210,7 +247,11 @@ __device__ __forceinline__ void awq_store(const AwqArgs &a, float (*c)[H][4], ui
                         for (int r = 0; r < 4; r++)
                                 red[warp][j][4 * h + r][lane] = c[j][h][r];
         __syncthreads();
-        if (SPREAD && a.hb) {
+        if (HQ && a.hq.items) {
+                /* one row (cu_gemv_gate_up): a warp a unit, in turn */
+                if (warp == tile0 / 2 % KW)
+                        hq_store<KW>(a, red, tile0);
+        } else if (SPREAD && a.hb) {
 #pragma unroll
                 for (int h = 0; h < H; h++)
 #pragma unroll
@@ -496,6 +537,41 @@ __device__ __forceinline__ void imma16832(int *c, const uint32_t *a, uint32_t b0
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Chunk ch's weights and scale records of the CTA's AWQ_NT tiles into buf and szb, from qp
+ * and sp (the warp's lane of its first unit, and its g of the tiles' records; group_recs
+ * records a group). */
+__device__ __forceinline__ void qx_load(const AwqArgs &a, const uint4 *qp, const uint2 *sp,
+        uint32_t group_recs, uint32_t ch, uint4 *buf, uint2 *szb)
+{
+        const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
+        const uint2 *sc = sp + (size_t) __umulhi(4 * ch, a.group_magic) * group_recs;
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++) {
+                buf[j] = ld_stream(qc + 32 * j);
+                szb[j] = ld_stream(sc + 8 * j);
+        }
+}
+
+/* One tile's chunk: the AWQ words v against B (b.x .. b.w: k-steps 0..3), the zeros of
+ * record sz taken off with the x sum, scaled by it and sx into f (columns g and g + 8). */
+__device__ __forceinline__ void qx_tile(uint4 v, uint2 sz, uint4 b, float sx, int sum, float *f)
+{
+        uint32_t A0[4] = {v.x & 0x0f0f0f0fu, v.x & 0xf0f0f0f0u, v.y & 0x0f0f0f0fu,
+                v.y & 0xf0f0f0f0u};
+        uint32_t A1[4] = {v.z & 0x0f0f0f0fu, v.z & 0xf0f0f0f0u, v.w & 0x0f0f0f0fu,
+                v.w & 0xf0f0f0f0u};
+        int c[4] = {0, 0, 0, 0};
+        imma16832(c, A0, b.x, b.y);
+        imma16832(c, A1, b.z, b.w);
+        /* the record's zeros as FP16 bits: -(1024 + z) is 0xe400 | z, -(64 + z) is 0xd400 | 16 z */
+        uint32_t zw = sz.y;
+        int dg = 256 * c[0] + c[1] - (int) (zw & 0xfu) * sum;
+        int dg8 = 256 * c[2] + c[3] - (int) ((zw >> 16) & 0xf0u) * sum;
+        float2 s = __half22float2(u32_as_h2(sz.x));
+        f[0] += s.x * sx * (float) dg;
+        f[1] += s.y * (sx * 0.0625f) * (float) dg8;
+}
+
 /* Shared-memory bytes of a CTA's slice of the quantized rows (XS): items and records. */
 __host__ __device__ static inline size_t qx_xs_bytes(uint32_t rows, uint32_t slice_chunks)
 {
@@ -615,13 +691,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         uint4 buf[D][AWQ_NT];
         uint2 szb[D][AWQ_NT];
         auto load = [&](int i, uint32_t ch) {
-                const uint4 *qc = qp + (size_t) ch * (AWQ_NT * 32);
-                const uint2 *sc = sp + (size_t) __umulhi(4 * ch, a.group_magic) * group_recs;
-#pragma unroll
-                for (int j = 0; j < AWQ_NT; j++) {
-                        buf[i][j] = ld_stream(qc + 32 * j);
-                        szb[i][j] = ld_stream(sc + 8 * j);
-                }
+                qx_load(a, qp, sp, group_recs, ch, buf[i], szb[i]);
         };
         /* B: column g is row g / 2's xh (g even) or xl; lanes past the rows read row 0, and
          * take row 0's record where their own row t is past them */
@@ -677,28 +747,10 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         float inv = NORM ? 0.0f : 1.0f;
         float f[AWQ_NT][2];
         auto compute = [&](int i, int st) {
-                const uint4 &b = xb[st];
-                float sx = __uint_as_float(rb[st].x);
-                int sum = (int) rb[st].y;
 #pragma unroll
-                for (int j = 0; j < AWQ_NT; j++) {
-                        uint4 v = buf[i][j];
-                        uint32_t A0[4] = {v.x & 0x0f0f0f0fu, v.x & 0xf0f0f0f0u, v.y & 0x0f0f0f0fu,
-                                v.y & 0xf0f0f0f0u};
-                        uint32_t A1[4] = {v.z & 0x0f0f0f0fu, v.z & 0xf0f0f0f0u, v.w & 0x0f0f0f0fu,
-                                v.w & 0xf0f0f0f0u};
-                        int c[4] = {0, 0, 0, 0};
-                        imma16832(c, A0, b.x, b.y);
-                        imma16832(c, A1, b.z, b.w);
-                        /* the record's zeros as FP16 bits: -(1024 + z) is 0xe400 | z, -(64 +
-                         * z) is 0xd400 | 16 z */
-                        uint32_t zw = szb[i][j].y;
-                        int dg = 256 * c[0] + c[1] - (int) (zw & 0xfu) * sum;
-                        int dg8 = 256 * c[2] + c[3] - (int) ((zw >> 16) & 0xf0u) * sum;
-                        float2 s = __half22float2(u32_as_h2(szb[i][j].x));
-                        f[j][0] += s.x * sx * (float) dg;
-                        f[j][1] += s.y * (sx * 0.0625f) * (float) dg8;
-                }
+                for (int j = 0; j < AWQ_NT; j++)
+                        qx_tile(buf[i][j], szb[i][j], xb[st], __uint_as_float(rb[st].x),
+                                (int) rb[st].y, f[j]);
         };
         /* Where the grid is fewer CTAs than units (gemv_awq), a CTA takes units blockIdx.x,
          * + gridDim.x, ...: the next unit's first weights load while this one's sums meet
@@ -756,7 +808,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 if constexpr (ROPE)
                         qkv_rope_store(a, cs, pr, red[0], rope_in, &rope_bar);
                 else
-                        awq_store<1, AWQ_KW, true>(a, cs, tile0, 0, pr, red[par], false);
+                        awq_store<1, AWQ_KW, true, true>(a, cs, tile0, 0, pr, red[par], false);
                 if (!more)
                         break;
                 par ^= 1;
@@ -845,12 +897,12 @@ bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
 static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
-        size_t slice_stride, __half *hb = NULL, const CuQx *qx = NULL)
+        size_t slice_stride, __half *hb = NULL, const CuQx *qx = NULL, const CuQx *hq = NULL)
 {
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, rows, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
                 l->splits, awq_group_magic(l), hb,
-                qx ? *qx : CuQx{}, CuRopeKv{}};
+                qx ? *qx : CuQx{}, CuRopeKv{}, hq ? *hq : CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_mat);
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
@@ -913,7 +965,89 @@ struct ResArgs {
         CuQx qx;          /* w h quantized, and the chunks' sums of h^2 */
 };
 
-template <bool XS, int KW>
+/* k_gemv_res's sums where x is hb of one row quantized by 16 k (a.qx, cu_gemv_gate_up's
+ * hq): k_gemv_qx's loop, with B's column 2 s + p holding part p of k-step s alone. Lane (g,
+ * t) keeps word g / 2 of the four it would take there and zeroes the others, so lane t of
+ * the result holds k-step t's two sums and applies k-step t's record; the quad's four
+ * k-steps add at the end. Four masks a chunk more than k_gemv_qx's rows, which need no
+ * FP16 operands at all: down's CTAs are the step's most loaded (two an SM), where the FP16
+ * path's 126 instructions a chunk against 90 showed (down 12.8 against 10.9 us at 7B with
+ * x quantized for free, docs/PERF.md, sixteenth session). XS: the slice's items, then its
+ * records, in shared memory (xs). */
+template <bool XS>
+__device__ __forceinline__ void qh_sums(const AwqArgs &a, uint32_t tile0, uint32_t c0,
+        uint32_t c1, uint32_t w0, uint32_t w1, uint4 *xs, float (*c)[1][4])
+{
+        constexpr int D = AWQ_D;
+        uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, n = c1 - c0;
+        const uint4 *qp = a.qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
+        const uint2 *sp = (const uint2 *) a.sz + (size_t) tile0 * 8 + g;
+        uint32_t group_recs = a.tiles * 8;
+        uint4 buf[D][AWQ_NT];
+        uint2 szb[D][AWQ_NT];
+        auto load = [&](int i, uint32_t ch) {
+                qx_load(a, qp, sp, group_recs, ch, buf[i], szb[i]);
+        };
+        const uint32_t *sxw = (const uint32_t *) xs + lane;
+        const uint2 *sxr = (const uint2 *) (xs + 8 * n) + t;
+        uint32_t xb[2];
+        uint2 rb[2];
+        auto load_x = [&](int i, uint32_t ch) {
+                if (XS) {
+                        xb[i] = sxw[(ch - c0) * 32];
+                        rb[i] = sxr[(ch - c0) * 4];
+                } else {
+                        xb[i] = a.qx.items[(size_t) ch * 32 + lane];
+                        rb[i] = ((const uint2 *) a.qx.recs)[(size_t) ch * 4 + t];
+                }
+        };
+        uint32_t keep[4];
+#pragma unroll
+        for (uint32_t k = 0; k < 4; k++)
+                keep[k] = g / 2 == k ? 0xffffffffu : 0u;
+        float f[AWQ_NT][2];
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+                f[j][0] = f[j][1] = 0.0f;
+        auto compute = [&](int i, int st) {
+                uint32_t w = xb[st];
+                uint4 b = make_uint4(w & keep[0], w & keep[1], w & keep[2], w & keep[3]);
+#pragma unroll
+                for (int j = 0; j < AWQ_NT; j++)
+                        qx_tile(buf[i][j], szb[i][j], b, __uint_as_float(rb[st].x), (int) rb[st].y,
+                                f[j]);
+        };
+        awq_preload<D>(w0, w1, load);
+        pdl_wait();
+        if (XS) {
+                for (uint32_t i = threadIdx.x; i < 8 * n; i += blockDim.x)
+                        cp_async16(xs + i, (const uint4 *) (a.qx.items + (size_t) c0 * 32) + i, true);
+                for (uint32_t i = threadIdx.x; i < 2 * n; i += blockDim.x)
+                        cp_async16(xs + 8 * n + i, (const uint4 *) (a.qx.recs + (size_t) c0 * 4) + i,
+                                true);
+                cp_async_commit();
+                cp_async_wait<0>();
+                __syncthreads();
+        }
+        awq_stream<D>(w0, w1, load, load_x, compute);
+        /* k-steps (0 + 1) + (2 + 3) on every lane of the quad: the same bits on each */
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                        f[j][h] += __shfl_xor_sync(0xffffffffu, f[j][h], 1);
+                        f[j][h] += __shfl_xor_sync(0xffffffffu, f[j][h], 2);
+                }
+#pragma unroll
+        for (int j = 0; j < AWQ_NT; j++) {
+                c[j][0][0] = f[j][0];
+                c[j][0][2] = f[j][1];
+                c[j][0][1] = c[j][0][3] = 0.0f;
+        }
+}
+
+/* QH: x is hb quantized by 16 k (qh_sums). */
+template <bool XS, int KW, bool QH>
 __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         k_gemv_res(const AwqArgs a, const ResArgs r)
 {
@@ -956,8 +1090,11 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         else
                 __cluster_barrier_arrive_relaxed();
         float c[AWQ_NT][1][4];
-        awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1, 0, 1,
-                res_xsl, c);
+        if constexpr (QH)
+                qh_sums<XS>(a, tile0, c0, c1, w0, w1, (uint4 *) res_xsl, c);
+        else
+                awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1,
+                        0, 1, res_xsl, c);
         if (KW != RES_KW_MAX)
                 pdl_trigger();
         /* the residual, which an earlier launch wrote: its load under the sums' meeting */
@@ -1023,13 +1160,15 @@ static constexpr size_t res_smem(int kw)
 
 /* The launch of cu_gemv_res for l in S slices of halves of kw warps (its cluster attribute
  * at), and its kernel: x through shared memory where the slice is long enough (gemv_awq's
- * rule) and x allows (x NULL: planning, any x). */
+ * rule) and x allows (x NULL: planning, any x); qh: x quantized by 16 k (its items and
+ * records, 160 bytes a chunk, always aligned). */
 static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const __half *x,
-        cudaLaunchAttribute *at, cudaLaunchConfig_t *cfg)
+        bool qh, cudaLaunchAttribute *at, cudaLaunchConfig_t *cfg)
 {
         uint32_t slice = div_up(div_up(l->in, AWQ_KC), S);
-        size_t xs = (size_t) awq_xs_row(slice) * 2;
-        bool use_xs = slice >= 32 && l->in % 8 == 0 && (uintptr_t) x % 16 == 0 &&
+        size_t xs = qh ? (size_t) slice * (128 + 4 * sizeof(float2))
+                       : (size_t) awq_xs_row(slice) * 2;
+        bool use_xs = slice >= 32 && l->in % 8 == 0 && (qh || (uintptr_t) x % 16 == 0) &&
                       xs <= 48 * 1024 - res_smem(kw);
         at->id = cudaLaunchAttributeClusterDimension;
         at->val.clusterDim.x = 1;
@@ -1041,11 +1180,17 @@ static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const 
         cfg->dynamicSmemBytes = use_xs ? xs : 0;
         cfg->attrs = at;
         cfg->numAttrs = 1;
-        if (kw == RES_KW_MAX)
-                return use_xs ? (const void *) k_gemv_res<true, RES_KW_MAX>
-                              : (const void *) k_gemv_res<false, RES_KW_MAX>;
-        return use_xs ? (const void *) k_gemv_res<true, RES_KW_MIN>
-                      : (const void *) k_gemv_res<false, RES_KW_MIN>;
+        /* [qh][kw == RES_KW_MAX][use_xs] */
+        static const void *const ks[2][2][2] = {
+                {{(const void *) k_gemv_res<false, RES_KW_MIN, false>,
+                         (const void *) k_gemv_res<true, RES_KW_MIN, false>},
+                        {(const void *) k_gemv_res<false, RES_KW_MAX, false>,
+                                (const void *) k_gemv_res<true, RES_KW_MAX, false>}},
+                {{(const void *) k_gemv_res<false, RES_KW_MIN, true>,
+                         (const void *) k_gemv_res<true, RES_KW_MIN, true>},
+                        {(const void *) k_gemv_res<false, RES_KW_MAX, true>,
+                                (const void *) k_gemv_res<true, RES_KW_MAX, true>}}};
+        return ks[qh][kw == RES_KW_MAX][use_xs];
 }
 
 /* Whether cu_gemv_res can take l at all: the consumer copies the chunks' sums of squares in
@@ -1081,7 +1226,7 @@ void cu_res_plan(CuLinear *l)
                 for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++) {
                         cudaLaunchAttribute at;
                         cudaLaunchConfig_t cfg;
-                        const void *k = res_config(l, s, kw, NULL, &at, &cfg);
+                        const void *k = res_config(l, s, kw, NULL, false, &at, &cfg);
                         int n = 0;
                         if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess &&
                                 (uint32_t) n >= l->out / RES_COLS) {
@@ -1092,16 +1237,16 @@ void cu_res_plan(CuLinear *l)
 }
 
 void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
-        const float *w, const CuQx *qx)
+        const float *w, const CuQx *qx, const CuQx *hq)
 {
         uint32_t S = l->res_splits;
         AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, 1, 1, l->in, x, NULL, 0, l->in,
                 l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), S, awq_group_magic(l), NULL,
-                CuQx{}, CuRopeKv{}};
+                hq ? *hq : CuQx{}, CuRopeKv{}, CuQx{}};
         ResArgs r = {h, l->bias, w, *qx};
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg;
-        const void *k = res_config(l, S, l->res_kw, x, &at, &cfg);
+        const void *k = res_config(l, S, l->res_kw, x, hq != NULL, &at, &cfg);
         cfg.stream = st;
         void *args[] = {&a, &r};
         /* a failed launch is the step's error, as for the <<<>>> launches */
@@ -1307,7 +1452,7 @@ bool cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_
         }
         AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
                 slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}};
+                l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}, CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         /* [g64][few][order] */
@@ -1713,10 +1858,14 @@ static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x,
 }
 
 
-void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, __half *hb, const CuQx *qx)
+bool cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, __half *hb, const CuQx *qx, const CuQx *hq)
 {
-        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb, qx);
+        /* gemv_awq's choice of the integer GEMV, the only one that makes hq */
+        bool q = hq && rows == 1 && qx && cu_qx_takes(l, rows, qx->chunks);
+        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb, qx,
+                q ? hq : NULL);
+        return q;
 }
 
 bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
@@ -1728,7 +1877,7 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
                 return false;
         AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, rows, 1, l->in, NULL, NULL, 0, l->in,
                 l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->splits,
-                awq_group_magic(l), NULL, *qx, *rk};
+                awq_group_magic(l), NULL, *qx, *rk, CuQx{}};
         uint32_t slice = div_up(a.chunks, a.splits);
         bool xs = qx_takes_xs(rows, slice,
                 qx->ss ? (const void *) k_gemv_qx<true, true, true>

@@ -46,6 +46,12 @@ typedef struct CuQx {
         float *ss;
         float eps;
 } CuQx;
+/* A dense MLP's hb of one row quantized by 16 k instead (hq: cu_gemv_gate_up makes it,
+ * cu_gemv_res takes it as x): X = 256 xh + xl and the record (scale, sum of X) as above,
+ * but for each 16 k of a chunk (record 4 c + s is k-step s's), and word 8 s + 4 p + t of
+ * chunk c's item holds part p of k 16 s + 4 t + {0, 2, 1, 3}. A gate|up CTA's 16 columns of
+ * hb are one k-step: it writes one 32-byte sector and one record, with no cluster; the
+ * consumer's lane l reads word l. ss is NULL. */
 /* Most chunks of a row whose norm the integer GEMV can finish (CuQx.ss): 4 a lane. */
 #define QX_SS_CHUNKS 128
 #define QX_SS_COPIES 16
@@ -299,9 +305,11 @@ void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, 
 
 /* hb (rows, l->out / 2) = silu(gate) * up of x · W, for a gate|up linear l with paired
  * tiles and one K slice, rows <= 16: a CTA holds a gate tile and its up tile, and its
- * sums go through k_swiglu4's arithmetic into hb instead of out as partials. */
-void cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, __half *hb, const CuQx *qx);
+ * sums go through k_swiglu4's arithmetic into hb instead of out as partials. hq (NULL, or
+ * for one row of l->out / 2 = 64 hq->chunks): where the integer GEMV takes x (qx), hb goes
+ * quantized by 16 k into hq instead; returns whether it did. */
+bool cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, __half *hb, const CuQx *qx, const CuQx *hq);
 
 /* Reorders the tiles of l (gate | up, l->out / 2 columns each, a multiple of 16) so that
  * gate tile t and up tile t are physical tiles 2t and 2t + 1, one CTA's pair, through tmp
@@ -334,9 +342,10 @@ bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks);
  * where the next layer is dense): h += y, written back to h, and w * h quantized into qx
  * by chunks of 64, with each chunk's sum of h^2 in qx->ss (the integer GEMV that takes qx
  * finishes the norm). A CTA holds one chunk of columns; l->res_splits K slices of it run
- * as one cluster, and the first adds the slices' sums in slice order. */
+ * as one cluster, and the first adds the slices' sums in slice order. hq (or NULL): x
+ * quantized by 16 k (cu_gemv_gate_up's), which it takes instead of x. */
 void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
-        const float *w, const CuQx *qx);
+        const float *w, const CuQx *qx, const CuQx *hq);
 
 /* Sets l->res_splits and l->res_kw for cu_gemv_res, or leaves them 0 where it does not
  * apply: l not AWQ with groups of whole chunks, columns not whole chunks, or more chunks of

@@ -39,9 +39,11 @@ static double check(const BkLinear *l, uint32_t rows)
 
 /* A dense MLP's gate|up then silu(gate) * up: with paired tiles in one K slice, up to 16
  * rows, the INT4 GEMV ends in it (must_fuse says it has to); else the partials go through
- * the swiglu kernel, in the paired order where the tiles are paired (must_pair). */
-static double check_gate_up(
-        uint32_t in, uint32_t inter, uint32_t gs, uint32_t rows, bool must_pair, bool must_fuse)
+ * the swiglu kernel, in the paired order where the tiles are paired (must_pair). by16: one
+ * row quantized by 16 k for down, as the GEMV writes it when down ends in the residual
+ * add (its layout and records checked by the hook, its values here). */
+static double check_gate_up(uint32_t in, uint32_t inter, uint32_t gs, uint32_t rows, bool must_pair,
+        bool must_fuse, bool by16)
 {
         DsError err = {0};
         BkLinear gate = rnd_linear(true, in, inter, gs, false, BK_DT_F16);
@@ -59,17 +61,17 @@ static double check_gate_up(
         cpu_linear(&up, x, rows, u, scratch, NULL);
         for (size_t i = 0; i < (size_t) rows * inter; i++)
                 g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        CHECK(cuda_test_gate_up(&gate, &up, x, rows, got, &paired, &fused, &err) == 0, "%s",
+        CHECK(cuda_test_gate_up(&gate, &up, x, rows, by16, got, &paired, &fused, &err) == 0, "%s",
                 err.msg);
         CHECK(paired || !must_pair, "gate_up %u->2x%u: tiles not paired", in, inter);
         CHECK(fused || !must_fuse, "gate_up %u->2x%u rows %u: not fused", in, inter, rows);
         double e = rel_err(got, g, (size_t) rows * inter);
-        CHECK(e < TOL, "gate_up %u->2x%u g%u rows %u (%s): relative error %.3g", in, inter, gs,
+        CHECK(e < TOL, "gate_up %u->2x%u g%u rows %u (%s%s): relative error %.3g", in, inter, gs,
                 rows,
                 fused    ? "fused"
                 : paired ? "paired"
                          : "unpaired",
-                e);
+                by16 ? ", by 16 k" : "", e);
         free(x);
         free(g);
         free(u);
@@ -149,8 +151,10 @@ static double check_qkv_rope(uint32_t in, uint32_t H, uint32_t KV, uint32_t hd, 
 /* o or down of one row ending in the residual add and the next norm (cu_gemv_res), then
  * the integer GEMV that finishes the norm, against the CPU: h + x · W (+ bias), then
  * (w * h / rms(h)) · W' + bias' for a next linear of C columns. splits K slices (one cluster
- * a chunk of columns) of CTAs of 2 kw warps. */
-static double check_res(uint32_t K, uint32_t N, uint32_t splits, uint32_t kw, bool bias, uint32_t C)
+ * a chunk of columns) of CTAs of 2 kw warps. by16: x quantized by 16 k, as gate|up hands
+ * hb to down. */
+static double check_res(
+        uint32_t K, uint32_t N, uint32_t splits, uint32_t kw, bool bias, uint32_t C, bool by16)
 {
         DsError err = {0};
         const float eps = 1e-6f;
@@ -178,11 +182,11 @@ static double check_res(uint32_t K, uint32_t N, uint32_t splits, uint32_t kw, bo
         cpu_linear(&c, xn, 1, want, scratch, NULL);
         for (uint32_t i = 0; i < C; i++)
                 y[i] = NAN;
-        CHECK(cuda_test_res(&l, splits, kw, &c, x, h, w, eps, y, &err) == 0, "%s", err.msg);
+        CHECK(cuda_test_res(&l, splits, kw, &c, x, by16, h, w, eps, y, &err) == 0, "%s", err.msg);
         double eh = rel_err(h, want_h, N), e = rel_err(y, want, C);
         CHECK(eh < TOL && e < TOL,
-                "res %u->%u in %u slices of 2 x %u warps: residual error %.3g, next linear %.3g", K,
-                N, splits, kw, eh, e);
+                "res %u->%u in %u slices of 2 x %u warps%s: residual error %.3g, next linear %.3g",
+                K, N, splits, kw, by16 ? ", x by 16 k" : "", eh, e);
         free(x);
         free(h);
         free(w);
@@ -238,12 +242,17 @@ int main(void)
          * to 16 rows, the partials at 37); 19 chunks in several slices (paired partials);
          * halves of 200 columns, not whole tiles (unpaired) */
         for (uint32_t r = 1; r <= 13; r += r < 2 ? 1 : 11)
-                worst = fmax(worst, check_gate_up(3584, 18944, 128, r, true, true));
+                worst = fmax(worst, check_gate_up(3584, 18944, 128, r, true, true, false));
         for (size_t r = 0; r < ELEMENTSOF(rows); r++) {
-                worst = fmax(worst, check_gate_up(384, 96, 32, rows[r], true, rows[r] <= 16));
-                worst = fmax(worst, check_gate_up(1216, 528, 64, rows[r], true, false));
-                worst = fmax(worst, check_gate_up(384, 200, 32, rows[r], false, false));
+                worst = fmax(
+                        worst, check_gate_up(384, 96, 32, rows[r], true, rows[r] <= 16, false));
+                worst = fmax(worst, check_gate_up(1216, 528, 64, rows[r], true, false, false));
+                worst = fmax(worst, check_gate_up(384, 200, 32, rows[r], false, false, false));
         }
+        /* one row's hb by 16 k, which only the integer GEMV makes: its resident CTAs (7B)
+         * and a grid of one wave */
+        worst = fmax(worst, check_gate_up(3584, 18944, 128, 1, true, true, true));
+        worst = fmax(worst, check_gate_up(384, 256, 64, 1, true, true, true));
         /* q|k|v with the rope: 7B's shape (4 slices, the cluster of 4), head_dims 64 and 32,
          * and a K of 20 chunks (slices of 5 and 4 chunks) */
         for (uint32_t r = 1; r <= 5; r++) {
@@ -256,14 +265,20 @@ int main(void)
          * (clusters), a bias, slices of x in shared memory (16384 in 4 and 2 slices) and not
          * (in 1: too long for it); the GEMV after them with its slice of the quantized rows
          * in shared memory where its 40000 columns leave it one slice of 64 chunks */
-        worst = fmax(worst, check_res(512, 512, 1, 5, false, 200));
-        worst = fmax(worst, check_res(512, 512, 2, 3, true, 200));
-        worst = fmax(worst, check_res(1152, 768, 3, 5, false, 200));
-        worst = fmax(worst, check_res(1152, 768, 4, 3, true, 200));
-        worst = fmax(worst, check_res(16384, 256, 4, 5, false, 200));
-        worst = fmax(worst, check_res(16384, 256, 2, 3, false, 200));
-        worst = fmax(worst, check_res(16384, 256, 1, 5, true, 200));
-        worst = fmax(worst, check_res(512, 4096, 1, 5, false, 40000));
+        worst = fmax(worst, check_res(512, 512, 1, 5, false, 200, false));
+        worst = fmax(worst, check_res(512, 512, 2, 3, true, 200, false));
+        worst = fmax(worst, check_res(1152, 768, 3, 5, false, 200, false));
+        worst = fmax(worst, check_res(1152, 768, 4, 3, true, 200, false));
+        worst = fmax(worst, check_res(16384, 256, 4, 5, false, 200, false));
+        worst = fmax(worst, check_res(16384, 256, 2, 3, false, 200, false));
+        worst = fmax(worst, check_res(16384, 256, 1, 5, true, 200, false));
+        worst = fmax(worst, check_res(512, 4096, 1, 5, false, 40000, false));
+        /* down taking hb by 16 k: both widths, slices from L2 (8 and 6 chunks) and in shared
+         * memory (64, and 74 at 7B's down) */
+        worst = fmax(worst, check_res(512, 512, 2, 3, true, 200, true));
+        worst = fmax(worst, check_res(1152, 768, 3, 5, false, 200, true));
+        worst = fmax(worst, check_res(16384, 256, 4, 5, false, 200, true));
+        worst = fmax(worst, check_res(18944, 3584, 4, 5, false, 4608, true));
         printf("linear: worst relative error %.3g (tolerance %g)\n", worst, TOL);
         return 0;
 }
