@@ -598,8 +598,32 @@ __device__ __forceinline__ uint32_t rope_in_bytes(uint32_t rank, uint32_t S)
         return S * 2 * 4 * ((32 - rank + S - 1) / S) * (uint32_t) sizeof(float);
 }
 
+/* Thread u (of AWQ_KW * 32 = 128) takes lane u % 32's (row i, column col) of register r = u
+ * / 32 in qkv_rope_store. Its bias and angle depend on the weights and the step's positions
+ * only (the host's copies, done before the graph starts), so k_gemv_qx takes them before its
+ * wait: in the epilogue, between the sums and the cluster's exchange, the loads and the
+ * sincos cost 7B batch 1 1.1% and 32B 0.5% (docs/PERF.md, thirty-third session, run 6). */
+struct RopePrep {
+        float cs, sn, ba, bb;
+};
+
+__device__ __forceinline__ RopePrep rope_prep(const AwqArgs &a, uint32_t pr)
+{
+        const CuRopeKv &rk = a.rope;
+        uint32_t u = threadIdx.x, r = u / 32, g = u % 32 / 4, i = 2 * (u % 4) + r % 2;
+        uint32_t col = pair_logical_tile(2 * blockIdx.x, rk.hd / 16) * 16 + g + 8 * (r / 2);
+        RopePrep p = {1.0f, 0.0f, 0.0f, 0.0f};
+        if (i < pr && rk.bias) {
+                p.ba = rk.bias[col];
+                p.bb = rk.bias[col + rk.hd / 2];
+        }
+        if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads)
+                rope_angle(rk.pos[i], rk.inv_freq[col % rk.hd], rk.af, &p.cs, &p.sn);
+        return p;
+}
+
 __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4], uint32_t pr,
-        AwqRed *red, float *rope_in, uint64_t *rope_bar)
+        AwqRed *red, float *rope_in, uint64_t *rope_bar, const RopePrep &rp)
 {
         const CuRopeKv &rk = a.rope;
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -608,17 +632,9 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
 #pragma unroll
                 for (int r = 0; r < 4; r++)
                         red[warp][j][r][lane] = c[j][0][r];
-        /* thread u (of AWQ_KW * 32 = 128) takes lane u % 32's (row i, column col) of
-         * register r = u / 32, if its rank's: its angle while the CTAs meet */
         uint32_t u = threadIdx.x, r = u / 32, g = u % 32 / 4, i = 2 * (u % 4) + r % 2;
         uint32_t col = pair_logical_tile(2 * blockIdx.x, rk.hd / 16) * 16 + g + 8 * (r / 2);
-        float cs = 1.0f, sn = 0.0f, ba = 0.0f, bb = 0.0f;
-        if (i < pr && rk.bias) {
-                ba = rk.bias[col];
-                bb = rk.bias[col + rk.hd / 2];
-        }
-        if (i < pr && col / rk.hd < rk.n_heads + rk.n_kv_heads)
-                rope_angle(rk.pos[i], rk.inv_freq[col % rk.hd], rk.af, &cs, &sn);
+        float cs = rp.cs, sn = rp.sn, ba = rp.ba, bb = rp.bb;
         cg::cluster_group cluster = cg::this_cluster();
         uint32_t S = cluster.num_blocks(), rank = cluster.block_rank(), n = (32 + S - 1) / S;
         __syncthreads();
@@ -717,6 +733,9 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         };
         awq_preload<D>(w0, w1, load);
         float rk = NORM ? 1.0f / (float) a.K : 0.0f;
+        RopePrep ang = {};
+        if constexpr (ROPE)
+                ang = rope_prep(a, pr);
         pdl_wait();
         __shared__ __align__(16) float ss_s[NORM ? QX_SS_CHUNKS : 4];
         static_assert(QX_SS_CHUNKS == 4 * 8 * 4, "NORM: 8 lanes of 4 16-byte pieces");
@@ -806,7 +825,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                                         cs[j][0][q] *= inv;
                 }
                 if constexpr (ROPE)
-                        qkv_rope_store(a, cs, pr, red[0], rope_in, &rope_bar);
+                        qkv_rope_store(a, cs, pr, red[0], rope_in, &rope_bar, ang);
                 else
                         awq_store<1, AWQ_KW, true, true>(a, cs, tile0, 0, pr, red[par], false);
                 if (!more)
