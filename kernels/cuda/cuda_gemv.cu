@@ -1230,9 +1230,22 @@ bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw)
         return true;
 }
 
+/* Whether every cluster of l in S slices of halves of kw warps is resident at once, with x
+ * in FP16 (qh false) or by 16 k. */
+static bool res_fits(const CuLinear *l, uint32_t S, uint32_t kw, bool qh)
+{
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg;
+        const void *k = res_config(l, S, kw, NULL, qh, &at, &cfg);
+        int n = 0;
+        return cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess &&
+               (uint32_t) n >= l->out / RES_COLS;
+}
+
 /* Slices first (the fewer, the fewer loads in flight: 7B at 2 slices was 9% slower than at
  * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
  * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
+ * whichever x it takes (a down's may come by 16 k, with a larger slice in shared memory),
  * each warp at least one chunk. */
 void cu_res_plan(CuLinear *l)
 {
@@ -1242,17 +1255,11 @@ void cu_res_plan(CuLinear *l)
         uint32_t chunks = div_up(l->in, AWQ_KC);
         const uint32_t kws[] = {RES_KW_MAX, RES_KW_MIN};
         for (uint32_t kw : kws)
-                for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++) {
-                        cudaLaunchAttribute at;
-                        cudaLaunchConfig_t cfg;
-                        const void *k = res_config(l, s, kw, NULL, false, &at, &cfg);
-                        int n = 0;
-                        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess &&
-                                (uint32_t) n >= l->out / RES_COLS) {
+                for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++)
+                        if (res_fits(l, s, kw, false) && res_fits(l, s, kw, true)) {
                                 l->res_splits = s;
                                 l->res_kw = kw;
                         }
-                }
 }
 
 void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
