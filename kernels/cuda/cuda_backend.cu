@@ -840,6 +840,18 @@ static bool res_plan(Backend *b)
         return any;
 }
 
+/* b->hq for one row of n values (whole chunks of 64): 128 bytes of items a chunk and a
+ * record each 16 k. */
+static int hq_alloc(Backend *b, size_t n, DsError *err)
+{
+        b->hq.chunks = (uint32_t) (n / 64);
+        int r = dalloc((void **) &b->hq.items, n * 2, "quantized mlp activations", err);
+        if (r == 0)
+                r = dalloc((void **) &b->hq.recs, n / 16 * sizeof(float2),
+                        "quantized mlp activations' scales", err);
+        return r;
+}
+
 static int scratch_alloc(Backend *b, DsError *err)
 {
         const BkConfig *c = &b->cfg;
@@ -881,13 +893,9 @@ static int scratch_alloc(Backend *b, DsError *err)
                         b->qx_res.eps = c->rms_eps;
                         DALLOC(b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
                                 "quantized rows' sums of squares");
-                        if (c->intermediate % 64 == 0) {
-                                b->hq.chunks = c->intermediate / 64;
-                                DALLOC(b->hq.items, (size_t) b->hq.chunks * 128,
-                                        "quantized mlp activations");
-                                DALLOC(b->hq.recs, (size_t) b->hq.chunks * 4 * sizeof(float2),
-                                        "quantized mlp activations' scales");
-                        }
+                        int r = c->intermediate % 64 == 0 ? hq_alloc(b, c->intermediate, err) : 0;
+                        if (r < 0)
+                                return r;
                 }
         }
         DALLOC(b->q, R * q_width(c) * 4, "queries");
@@ -2937,12 +2945,8 @@ extern "C" int cuda_test_gate_up(const BkLinear *gate, const BkLinear *up, const
                 r = dalloc((void **) &b->w16, 2 * I * K * 2, "w16", err);
         if (r == 0 && by16 && (rows != 1 || I % 64 != 0))
                 r = ds_error(err, -EINVAL, "test gate_up: hb of %u rows of %zu by 16 k", rows, I);
-        b->hq.chunks = (uint32_t) (I / 64);
         if (r == 0 && by16)
-                r = dalloc((void **) &b->hq.items, I * 2, "quantized hb", err);
-        if (r == 0 && by16)
-                r = dalloc((void **) &b->hq.recs, I / 16 * sizeof(float2), "quantized hb's scales",
-                        err);
+                r = hq_alloc(b, I, err);
         uint16_t *hh = (uint16_t *) calloc(rows * I, 2);
         uint32_t *items = (uint32_t *) calloc(I / 2 + 1, 4);
         float2 *recs = (float2 *) calloc(I / 16 + 1, sizeof(float2));
@@ -3074,12 +3078,8 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                         "sums of squares", err);
         if (r == 0 && by16 && K % 64 != 0)
                 r = ds_error(err, -EINVAL, "test res: x of %zu by 16 k", K);
-        b->hq.chunks = (uint32_t) (K / 64);
         if (r == 0 && by16)
-                r = dalloc((void **) &b->hq.items, K * 2, "quantized x", err);
-        if (r == 0 && by16)
-                r = dalloc((void **) &b->hq.recs, K / 16 * sizeof(float2), "quantized x's scales",
-                        err);
+                r = hq_alloc(b, K, err);
         float *yh = (float *) calloc((size_t) cd.splits * c->out, sizeof(float));
         uint32_t *items = (uint32_t *) calloc(K / 2 + 1, 4);
         float2 *recs = (float2 *) calloc(K / 16 + 1, sizeof(float2));

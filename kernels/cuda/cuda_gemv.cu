@@ -912,8 +912,9 @@ bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
                (size_t) chunks * AWQ_KC == l->in;
 }
 
-/* HI: passes of 16 rows, else of 8. */
-static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
+/* HI: passes of 16 rows, else of 8. Returns whether the integer GEMV ran (k_gemv_qx, the
+ * one that takes hq). */
+static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
         size_t slice_stride, __half *hb = NULL, const CuQx *qx = NULL, const CuQx *hq = NULL)
@@ -939,7 +940,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
                 if (grid.y == 1 && grid.z == 1 && slots && grid.x > slots)
                         grid.x = slots;
                 k<<<grid, AWQ_KW * 32, smem, st>>>(a);
-                return;
+                return true;
         }
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
                     : (g64 ? k_gemv_awq<false, true, false> : k_gemv_awq<false, false, false>);
@@ -954,6 +955,7 @@ static void gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         if (use_xs)
                 k = g64 ? k_gemv_awq<false, true, true> : k_gemv_awq<false, false, true>;
         k<<<grid, AWQ_KW * 32, use_xs ? xs : 0, st>>>(a);
+        return false;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -1883,15 +1885,14 @@ static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x,
                         l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
 }
 
-
 bool cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
         uint32_t rows, __half *hb, const CuQx *qx, const CuQx *hq)
 {
-        /* gemv_awq's choice of the integer GEMV, the only one that makes hq */
-        bool q = hq && rows == 1 && qx && cu_qx_takes(l, rows, qx->chunks);
-        gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb, qx,
-                q ? hq : NULL);
-        return q;
+        if (rows != 1)
+                hq = NULL;
+        return gemv_awq(st, l, 1, 0, 0, NULL, NULL, NULL, rows, 1, rows > 8, x, ldx, NULL, 0, hb,
+                       qx, hq) &&
+               hq;
 }
 
 bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const CuQx *qx,
