@@ -1073,8 +1073,8 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         k_gemv_res(const AwqArgs a, const ResArgs r)
 {
         __shared__ AwqRed red[2 * KW];
-        __shared__ float part_s[RES_MAX_SPLITS][RES_COLS];
-        __shared__ float hw_s[RES_COLS], h2_s[RES_COLS];
+        __shared__ __align__(8) float part_s[RES_MAX_SPLITS][RES_COLS];
+        __shared__ __align__(16) float wb_s[2][RES_COLS]; /* the norm's weights, the bias */
         __shared__ __align__(8) uint64_t part_bar; /* the first slice's: the slices' sums */
         extern __shared__ __align__(16) __half res_xsl[];
         /* at entry where a CTA is two to an SM (7B batch 1 -2.7%), where it is three after
@@ -1087,14 +1087,22 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
         uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
         uint32_t w0 = c0 + (c1 - c0) * wq / KW, w1 = c0 + (c1 - c0) * (wq + 1) / KW;
-        uint32_t col = RES_COLS * blockIdx.x + u;
-        bool mine = s == 0 && u < RES_COLS; /* the first slice's threads of the epilogue */
+        /* the epilogue is the first slice's warp 0, lane l columns 2 l and 2 l + 1 */
+        uint32_t col = RES_COLS * blockIdx.x + 2 * lane;
+        bool mine = s == 0 && warp == 0;
         constexpr bool SEND = KW == RES_KW_MAX; /* the slices' sums by cl_send (below) */
         /* before any load, which its fence would otherwise wait for */
         if (SEND && s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
-        /* the norm's weights and the bias are constant: loaded before the wait */
-        float wn = mine ? r.w[col] : 0.0f, bs = mine && r.bias ? r.bias[col] : 0.0f;
+        /* the norm's weights and the bias are constant: into shared memory before the wait,
+         * where they hold no registers through the loop (in registers, two columns a lane
+         * spilled in the FP16 kernels) */
+        if (mine) {
+                const float *src = lane < 16 ? r.w : r.bias;
+                cp_async16(&wb_s[lane / 16][4 * (lane % 16)],
+                        (src ? src : r.w) + RES_COLS * blockIdx.x + 4 * (lane % 16), src != NULL);
+                cp_async_commit();
+        }
         /* Two CTAs an SM: the slices' sums go to the first CTA by cl_send, which waits for them
          * alone: with add_norm's sums sent likewise, 7B batch 1 1.0% and V2-Lite 1.5% faster
          * than remote stores and a cluster barrier (docs/PERF.md, thirty-first session, run 5).
@@ -1119,7 +1127,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         if (KW != RES_KW_MAX)
                 pdl_trigger();
         /* the residual, which an earlier launch wrote: its load under the sums' meeting */
-        float h = mine ? r.h[col] : 0.0f;
+        float2 h = mine ? *(const float2 *) (r.h + col) : make_float2(0.0f, 0.0f);
 #pragma unroll
         for (int j = 0; j < AWQ_NT; j++)
 #pragma unroll
@@ -1147,28 +1155,25 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                 cl_slots_wait(&part_bar);
         else
                 cluster.barrier_wait();
-        if (mine) {
-                /* the slices in order, then the bias, then the residual, as k_add_norm adds */
-                float y = 0.0f;
-                for (uint32_t k = 0; k < a.splits; k++)
-                        y += part_s[k][u];
-                h += r.bias ? y + bs : y;
-                r.h[col] = h;
-                hw_s[u] = wn * h;
-                h2_s[u] = h * h;
+        if (!mine)
+                return;
+        /* the slices in order, then the bias, then the residual, as k_add_norm adds; then w h
+         * quantized by the same warp, from registers: warp 0 after a barrier, from shared
+         * memory, 8 lanes of 8 columns, took 0.7 us of each launch (docs/PERF.md,
+         * thirty-third session, run 5) */
+        float2 y = make_float2(0.0f, 0.0f);
+        for (uint32_t k = 0; k < a.splits; k++) {
+                float2 p = *(const float2 *) &part_s[k][2 * lane];
+                y.x += p.x;
+                y.y += p.y;
         }
-        __syncthreads();
-        if (warp == 0) {
-                /* lane e < 8 takes columns 8 e .. 8 e + 7, as qx_chunk's lanes take k */
-                uint32_t e = lane % 8;
-                float v[8], sq = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                        v[k] = hw_s[8 * e + k];
-                        sq += h2_s[8 * e + k];
-                }
-                qx_chunk_ss(v, sq, lane < 8, r.qx, blockIdx.x);
-        }
+        cp_async_wait<0>();
+        __syncwarp();
+        float2 wn = *(const float2 *) &wb_s[0][2 * lane], bs = *(const float2 *) &wb_s[1][2 * lane];
+        h.x += r.bias ? y.x + bs.x : y.x;
+        h.y += r.bias ? y.y + bs.y : y.y;
+        *(float2 *) (r.h + col) = h;
+        qx_chunk_pairs(wn.x * h.x, wn.y * h.y, h.x * h.x + h.y * h.y, r.qx, blockIdx.x);
 }
 
 /* Static shared memory of k_gemv_res, beside which its slice of x must fit the 48 KB a

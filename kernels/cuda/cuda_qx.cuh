@@ -72,6 +72,41 @@ __device__ __forceinline__ void qx_chunk_ss(const float *v, float sq, bool live,
                         qx.ss[c * QX_SS_CHUNKS + ch] = sq;
 }
 
+/* The end of chunk ch of a CuQx with sums of squares by a whole warp, lane l holding k 2 l
+ * and 2 l + 1 (v0, v1, and sq the sum of their h^2): the items and record of qx_chunk_f for
+ * the same values (the largest |v| and the sum of X by redux.sync, each X as there), and
+ * the chunk's sum of h^2 in another order than qx_chunk_ss's (a butterfly, whose two lanes
+ * of a pair add the same two numbers, so every lane holds the same total). Every lane of
+ * the warp calls it. */
+__device__ __forceinline__ void qx_chunk_pairs(float v0, float v1, float sq, const CuQx &qx,
+        uint32_t ch)
+{
+        uint32_t lane = threadIdx.x % 32;
+        float m = __uint_as_float(
+                __reduce_max_sync(0xffffffffu, __float_as_uint(fmaxf(fabsf(v0), fabsf(v1)))));
+        float inv = m > 0.0f ? (float) QX_XMAX / m : 0.0f;
+        /* |v| <= m, so |v * inv| rounds to at most QX_XMAX */
+        int X0 = __float2int_rn(v0 * inv), X1 = __float2int_rn(v1 * inv);
+        int sum = __reduce_add_sync(0xffffffffu, X0 + X1);
+        int H0 = (X0 + 128) >> 8, H1 = (X1 + 128) >> 8;
+        /* bytes xh, xl of k 2 l, then of k 2 l + 1 */
+        uint32_t b = ((uint32_t) H0 & 0xffu) | ((uint32_t) (X0 - 256 * H0) & 0xffu) << 8 |
+                     ((uint32_t) H1 & 0xffu) << 16 | ((uint32_t) (X1 - 256 * H1) & 0xffu) << 24;
+#pragma unroll
+        for (int o = 1; o < 32; o *= 2)
+                sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        /* word w = 16 p + 4 t + j: part p of k 16 j + 4 t + {0, 2, 1, 3} (qx_word's order),
+         * k 16 j + 4 t + {0, 1} from lane 8 j + 2 t, {2, 3} from the next */
+        uint32_t p = lane / 16, t = lane / 4 % 4, j = lane % 4;
+        uint32_t lo = __shfl_sync(0xffffffffu, b, 8 * j + 2 * t);
+        uint32_t hi = __shfl_sync(0xffffffffu, b, 8 * j + 2 * t + 1);
+        qx.items[(size_t) ch * 32 + lane] = __byte_perm(lo, hi, p ? 0x7351 : 0x6240);
+        if (lane == 0)
+                qx.recs[ch] = make_float2(m / (float) QX_XMAX, __int_as_float(sum));
+        if (lane < QX_SS_COPIES)
+                qx.ss[lane * QX_SS_CHUNKS + ch] = sq;
+}
+
 /* qx_chunk_f of 8 halves a lane (raw). */
 __device__ __forceinline__ void qx_chunk(uint4 raw, bool live, uint32_t *item, float2 *rec)
 {
