@@ -146,6 +146,7 @@ struct Backend {
          * the norm's factor at one row (cu_gemv_res), and whether the step's rows are such */
         CuQx qx_res;
         bool qx_deferred;
+        uint32_t *res_count; /* cu_gemv_res_moe's counts, one a chunk of hidden columns */
         /* a dense MLP's hb of one row quantized by 16 k, where down ends as o does (NULL
          * items: no layer's does, or the MLP's width is not whole chunks) */
         CuQx hq;
@@ -343,10 +344,14 @@ static void weights_free(Backend *b)
                 b->w16, b->ids_d, b->meta_db[0], b->meta_db[1], b->samp_db[0], b->samp_db[1],
                 b->pen_saved, b->xq, b->olat,
                 b->epart, b->edpart, b->ehb, b->ridx, b->eids, b->eoff, b->elist, b->rw, b->moe_y,
-                b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss, b->hq.items, b->hq.recs};
+                b->spart, b->rlog, b->qx.items, b->qx.recs, b->qx_res.ss, b->hq.items, b->hq.recs,
+                /* an MLA model's own (scratch_alloc), else b->qx's */
+                b->qx_res.items != b->qx.items ? b->qx_res.items : NULL,
+                b->qx_res.recs != b->qx.recs ? b->qx_res.recs : NULL, b->res_count};
         for (size_t i = 0; i < ELEMENTSOF(scratch); i++)
                 dfree(scratch[i]);
         b->qx = b->qx_res = b->hq = CuQx{};
+        b->res_count = NULL;
         b->qx_live = b->qx_deferred = false;
         for (int i = 0; i < 2; i++) {
                 cudaFreeHost(b->meta_hb[i]);
@@ -840,6 +845,32 @@ static bool res_plan(Backend *b)
         return any;
 }
 
+/* Which MoE layers' down ends in the residual add and the next norm's quantization at one
+ * row (cu_gemv_res_moe): those whose next layer's q|k|v takes quantized rows. Returns
+ * whether any does. */
+static bool moe_res_plan(Backend *b)
+{
+        const BkMoeConfig *mc = &b->cfg.moe;
+        uint32_t pairs = mc->top_k + mc->n_shared, chunks = b->cfg.hidden / 64;
+        const CuLinear *like = NULL;
+        bool any = false;
+        for (uint32_t l = 0; l + 1 < b->cfg.n_layers; l++) {
+                CuLayer *L = &b->layers[l];
+                if (!L->router.out || !cu_qx_takes(&b->layers[l + 1].qkv, 1, chunks))
+                        continue;
+                if (like) {
+                        L->e_down.res_splits = like->res_splits;
+                        L->e_down.res_kw = like->res_kw;
+                } else if (cu_res_plan_moe(&L->e_down, pairs, 0)) {
+                        like = &L->e_down;
+                } else {
+                        return false;
+                }
+                any = true;
+        }
+        return any;
+}
+
 /* b->hq for one row of n values (whole chunks of 64): 128 bytes of items a chunk and a
  * record each 16 k. */
 static int hq_alloc(Backend *b, size_t n, DsError *err)
@@ -897,6 +928,21 @@ static int scratch_alloc(Backend *b, DsError *err)
                         if (r < 0)
                                 return r;
                 }
+        }
+        /* An MLA model's add_norms leave their rows in FP16 (above), but where a MoE layer's
+         * down ends in the next norm at one row (cu_gemv_res_moe), the next q|k|v takes its
+         * quantized row, in place of the add_norm after the experts. */
+        if (b->mla && b->moe && c->hidden % 64 == 0 && c->hidden / 64 <= QX_SS_CHUNKS &&
+                moe_res_plan(b)) {
+                b->qx_res.chunks = c->hidden / 64;
+                b->qx_res.eps = c->rms_eps;
+                DALLOC(b->qx_res.items, (size_t) b->qx_res.chunks * 128, "quantized row");
+                DALLOC(b->qx_res.recs, b->qx_res.chunks * sizeof(float2), "quantized row's scales");
+                DALLOC(b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
+                        "quantized row's sums of squares");
+                DALLOC(b->res_count, b->qx_res.chunks * sizeof(uint32_t), "MoE down's counts");
+                CU_TRY(cudaMemset(b->res_count, 0, b->qx_res.chunks * sizeof(uint32_t)),
+                        "MoE down's counts");
         }
         DALLOC(b->q, R * q_width(c) * 4, "queries");
         DALLOC(b->att, R * att * 2, "attention output");
@@ -1597,9 +1643,11 @@ static bool norm_router(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
 /* The MoE MLP (DeepSeek) of the rows from b->xn as mp plans it: the pairs' down partials
  * into b->edpart, slices *ret_stride apart, to be summed as *ret says (the routed experts
  * weighted, plus the shared experts) by the add_norm that follows. Returns the slices. rr:
- * what of the routing the add_norm before did (norm_router), or NULL. */
+ * what of the routing the add_norm before did (norm_router), or NULL. res_w (one row, where
+ * L->e_down.res_splits): the next norm's weights; down then ends in the residual add and
+ * that norm's quantization into b->qx_res (cu_gemv_res_moe), and nothing is left to sum. */
 static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePlan *mp,
-        const CuNormRouter *rr, CuMoeSum *ret, size_t *ret_stride)
+        const CuNormRouter *rr, const float *res_w, CuMoeSum *ret, size_t *ret_stride)
 {
         const BkConfig *c = &b->cfg;
         const BkMoeConfig *mc = &c->moe;
@@ -1661,6 +1709,13 @@ static uint32_t mlp_moe(Backend *b, const CuLayer *L, uint32_t rows, const MoePl
         if (!gu_swiglu)
                 cu_swiglu(b->st, b->epart, gu->splits, gstride, NULL, pairs,
                         mc->expert_dim, gu->pairs, b->ehb);
+        if (res_w) {
+                /* the pairs' sums where the expert GEMV would put its partials */
+                cu_gemv_res_moe(b->st, &L->e_down, L->e_down_qw, L->e_down_sz, b->ridx, b->rw,
+                        b->ehb, mc->expert_dim, b->x, res_w, &b->qx_res, b->edpart,
+                        b->res_count);
+                return 0;
+        }
         experts_mul(b, grouped, dn, slots, pairs, L->e_down_qw, L->e_down_sz, 1, b->ehb,
                 mc->expert_dim, b->edpart, dstride, NULL, early ? EXPERTS_EARLY : EXPERTS_PLAIN);
 
@@ -1724,8 +1779,9 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
 
                 /* the previous layer's MLP output into the residual, attention rmsnorm: done
                  * where the previous down ended in them (cu_gemv_res) */
-                b->qx_deferred = rows == 1 &&
-                                 (l > 0 ? b->layers[l - 1].down.res_splits != 0 : embed_qx);
+                const CuLayer *P = l > 0 ? &b->layers[l - 1] : NULL;
+                b->qx_deferred = rows == 1 && (P ? P->down.res_splits || P->e_down.res_splits
+                                                 : embed_qx);
                 if (b->qx_deferred)
                         b->qx_live = true;
                 else
@@ -1762,7 +1818,12 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 /* mixture of experts, or swiglu: silu(gate) * up, then down; the residual
                  * add opens the next layer */
                 if (L->router.out) {
-                        prev_s = mlp_moe(b, L, rows, &mp, routed ? &rr : NULL, &moe, &prev_stride);
+                        /* moe_res_plan: only where a next layer takes the row */
+                        const float *res_w = rows == 1 && L->e_down.res_splits
+                                                     ? b->layers[l + 1].attn_norm
+                                                     : NULL;
+                        prev_s = mlp_moe(b, L, rows, &mp, routed ? &rr : NULL, res_w, &moe,
+                                &prev_stride);
                         prev = b->edpart;
                         prev_bias = NULL;
                         prev_moe = &moe;
@@ -3034,56 +3095,106 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         return r;
 }
 
+/* Tests: what follows a cu_gemv_res launch in a step, for cuda_test_res and
+ * cuda_test_moe_res: h (n) and w to the device, launch(hd, wd) (a producer ending in the
+ * residual add and the norm's quantization into b->qx_res), then the integer GEMV of the
+ * linear c taking the quantized row as the step's next linear does, into y (c->out); h
+ * comes back. The consumer's FP16 input stays NaN: it must take the quantized row. */
+template <typename Launch>
+static int test_res_consumer(Backend *b, const BkLinear *c, size_t n, float *h, const float *w,
+        float eps, float *y, Launch launch, DsError *err)
+{
+        CuLinear cd = {};
+        float *hd = NULL, *wd = NULL, *yd = NULL;
+        const BkLinear *cparts[] = {c};
+        int r = upload_linear(b, cparts, 1, true, &cd, "test res consumer", err);
+        b->qx.chunks = (uint32_t) (n / 64);
+        if (r == 0 && (c->in != n || n % 64 != 0 || n / 64 > QX_SS_CHUNKS ||
+                              !cu_qx_takes(&cd, 1, b->qx.chunks)))
+                r = ds_error(err, -EINVAL, "test res: %zu values, then %u x %u: not taken", n,
+                        c->in, c->out);
+        if (r == 0)
+                r = dalloc((void **) &hd, n * 4, "h", err);
+        if (r == 0)
+                r = dalloc((void **) &wd, n * 4, "norm weights", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, (size_t) cd.splits * c->out * 4, "y", err);
+        if (r == 0)
+                r = dalloc((void **) &b->xn, n * 2, "x16 (unused)", err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx.items, n * 2, "quantized h", err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx.recs, n / 64 * sizeof(float2), "quantized h's scales",
+                        err);
+        if (r == 0)
+                r = dalloc((void **) &b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
+                        "sums of squares", err);
+        float *yh = (float *) calloc((size_t) cd.splits * c->out, sizeof(float));
+        if (r == 0 && !yh)
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                /* on the kernels' stream, which does not wait for the legacy one */
+                cudaError_t e = cudaMemcpyAsync(hd, h, n * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(wd, w, n * 4, cudaMemcpyHostToDevice, b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemsetAsync(b->xn, 0xff, n * 2, b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test res input");
+        }
+        if (r == 0) {
+                float *ss = b->qx_res.ss;
+                b->qx_res = b->qx;
+                b->qx_res.ss = ss;
+                b->qx_res.eps = eps;
+                launch(hd, wd);
+                b->qx_live = b->qx_deferred = true;
+                uint32_t s = linear(b, &cd, b->xn, 1, yd);
+                cudaError_t e = test_sync(b);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(h, hd, n * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(yh, yd, (size_t) s * c->out * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        test_slices(yh, s, c->out, c, y);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test res");
+        }
+        free(yh);
+        dfree(hd);
+        dfree(wd);
+        dfree(yd);
+        linear_free(&cd);
+        return r;
+}
+
 extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
         const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err)
 {
         Backend *b = NULL;
-        CuLinear d = {}, cd = {};
-        float *xd = NULL, *hd = NULL, *wd = NULL, *yd = NULL;
+        CuLinear d = {};
+        float *xd = NULL;
         __half *x16 = NULL;
         size_t K = l->in, N = l->out;
         int r = cuda_create(NULL, &b, err);
         if (r < 0)
                 return r;
-        const BkLinear *parts[] = {l}, *cparts[] = {c};
+        const BkLinear *parts[] = {l};
         r = upload_linear(b, parts, 1, true, &d, "test res", err);
-        if (r == 0)
-                r = upload_linear(b, cparts, 1, true, &cd, "test res consumer", err);
-        b->qx.chunks = (uint32_t) (N / 64);
-        if (r == 0 && (c->in != N || N / 64 > QX_SS_CHUNKS ||
-                              !cu_qx_takes(&cd, 1, b->qx.chunks) || !cu_res_set(&d, splits, kw)))
-                r = ds_error(err, -EINVAL,
-                        "test res: %zu x %zu in %u slices of %u warps, then %u x %u: not taken",
-                        K, N, splits, kw, c->in, c->out);
+        if (r == 0 && !cu_res_set(&d, splits, kw))
+                r = ds_error(err, -EINVAL, "test res: %zu x %zu in %u slices of %u warps: not taken",
+                        K, N, splits, kw);
         if (r == 0)
                 r = dalloc((void **) &xd, K * 4, "x", err);
         if (r == 0)
                 r = dalloc((void **) &x16, K * 2, "x16", err);
-        if (r == 0)
-                r = dalloc((void **) &hd, N * 4, "h", err);
-        if (r == 0)
-                r = dalloc((void **) &wd, N * 4, "norm weights", err);
-        if (r == 0)
-                r = dalloc((void **) &yd, (size_t) cd.splits * c->out * 4, "y", err);
-        /* the consumer's FP16 input stays NaN: it must take the quantized rows */
-        if (r == 0)
-                r = dalloc((void **) &b->xn, N * 2, "x16 (unused)", err);
-        if (r == 0)
-                r = dalloc((void **) &b->qx.items, N * 2, "quantized h", err);
-        if (r == 0)
-                r = dalloc((void **) &b->qx.recs, N / 64 * sizeof(float2), "quantized h's scales",
-                        err);
-        if (r == 0)
-                r = dalloc((void **) &b->qx_res.ss, QX_SS_COPIES * QX_SS_CHUNKS * sizeof(float),
-                        "sums of squares", err);
         if (r == 0 && by16 && K % 64 != 0)
                 r = ds_error(err, -EINVAL, "test res: x of %zu by 16 k", K);
         if (r == 0 && by16)
                 r = hq_alloc(b, K, err);
-        float *yh = (float *) calloc((size_t) cd.splits * c->out, sizeof(float));
         uint32_t *items = (uint32_t *) calloc(K / 2 + 1, 4);
         float2 *recs = (float2 *) calloc(K / 16 + 1, sizeof(float2));
-        if (r == 0 && (!yh || !items || !recs))
+        if (r == 0 && (!items || !recs))
                 r = ds_error(err, -ENOMEM, "out of memory");
         if (r == 0 && by16) {
                 hq_encode(x, K, items, recs);
@@ -3098,50 +3209,105 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                         r = cuda_fail(err, e, "test res quantized input");
         }
         if (r == 0) {
-                /* on the kernels' stream, which does not wait for the legacy one */
                 cudaError_t e = cudaMemcpyAsync(xd, x, K * 4, cudaMemcpyHostToDevice, b->st);
-                if (e == cudaSuccess)
-                        e = cudaMemcpyAsync(hd, h, N * 4, cudaMemcpyHostToDevice, b->st);
-                if (e == cudaSuccess)
-                        e = cudaMemcpyAsync(wd, w, N * 4, cudaMemcpyHostToDevice, b->st);
-                if (e == cudaSuccess)
-                        e = cudaMemsetAsync(b->xn, 0xff, N * 2, b->st);
                 if (e != cudaSuccess)
                         r = cuda_fail(err, e, "test res input");
         }
-        if (r == 0) {
-                float *ss = b->qx_res.ss;
-                b->qx_res = b->qx;
-                b->qx_res.ss = ss;
-                b->qx_res.eps = eps;
-                /* by 16: x16 stays NaN, and the GEMV must take the quantized x */
-                if (by16)
-                        cudaMemsetAsync(x16, 0xff, K * 2, b->st);
-                else
-                        cu_to_half(b->st, xd, x16, K);
-                cu_gemv_res(b->st, &d, x16, hd, wd, &b->qx_res, by16 ? &b->hq : NULL);
-                b->qx_live = b->qx_deferred = true;
-                uint32_t s = linear(b, &cd, b->xn, 1, yd);
-                cudaError_t e = test_sync(b);
-                if (e == cudaSuccess)
-                        e = cudaMemcpy(h, hd, N * 4, cudaMemcpyDeviceToHost);
-                if (e == cudaSuccess)
-                        e = cudaMemcpy(yh, yd, (size_t) s * c->out * 4, cudaMemcpyDeviceToHost);
-                if (e == cudaSuccess)
-                        test_slices(yh, s, c->out, c, y);
-                if (e != cudaSuccess)
-                        r = cuda_fail(err, e, "test res");
-        }
-        free(yh);
+        if (r == 0)
+                r = test_res_consumer(b, c, N, h, w, eps, y, [&](float *hd, float *wd) {
+                        /* by 16: x16 stays NaN, and the GEMV must take the quantized x */
+                        if (by16)
+                                cudaMemsetAsync(x16, 0xff, K * 2, b->st);
+                        else
+                                cu_to_half(b->st, xd, x16, K);
+                        cu_gemv_res(b->st, &d, x16, hd, wd, &b->qx_res, by16 ? &b->hq : NULL);
+                }, err);
         free(items);
         free(recs);
         dfree(xd);
         dfree(x16);
-        dfree(hd);
-        dfree(wd);
-        dfree(yd);
         linear_free(&d);
-        linear_free(&cd);
+        cuda_free(b);
+        return r;
+}
+
+extern "C" int cuda_test_moe_res(const BkLinear *experts, uint32_t n_experts,
+        const uint32_t *expert_of, const float *pair_w, uint32_t n_pairs, uint32_t kw,
+        const BkLinear *c, const float *x, float *h, const float *w, float eps, float *y,
+        DsError *err)
+{
+        const BkLinear *e0 = &experts[0];
+        for (uint32_t e = 0; e < n_experts; e++)
+                if (experts[e].kind != BK_LINEAR_AWQ || experts[e].in != e0->in ||
+                        experts[e].out != e0->out || experts[e].group_size != e0->group_size)
+                        return ds_error(err, -EINVAL, "test moe res: expert %u differs", e);
+        Backend *b = NULL;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        CuLinear l = {};
+        l.awq = true;
+        l.in = e0->in;
+        l.out = e0->out;
+        l.group_size = e0->group_size;
+        size_t qb, sb, K = l.in;
+        cu_awq_sizes(l.in, l.out, l.group_size, &qb, &sb);
+        float *xd = NULL, *pwd = NULL, *partd = NULL;
+        __half *xh = NULL;
+        uint32_t *idxd = NULL, *countd = NULL;
+        if (!cu_res_plan_moe(&l, n_pairs, kw))
+                r = ds_error(err, -EINVAL,
+                        "test moe res: %u pairs of %u x %u in CTAs of 2 x %u warps: not taken",
+                        n_pairs, l.in, l.out, kw);
+        if (r == 0)
+                r = dalloc((void **) &l.qw, qb * n_experts, "experts", err);
+        if (r == 0)
+                r = dalloc((void **) &l.sz, sb * n_experts, "experts", err);
+        for (uint32_t e = 0; r == 0 && e < n_experts; e++) {
+                CuLinear v = l;
+                v.qw = (uint4 *) ((char *) l.qw + e * qb);
+                v.sz = (__half2 *) ((char *) l.sz + e * sb);
+                r = awq_repack_part(b, &v, &experts[e], 0, "test moe res", err);
+        }
+        if (r == 0)
+                r = dalloc((void **) &xd, n_pairs * K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &xh, n_pairs * K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &idxd, n_pairs * 4, "experts of the pairs", err);
+        if (r == 0)
+                r = dalloc((void **) &pwd, n_pairs * 4, "pair weights", err);
+        if (r == 0)
+                r = dalloc((void **) &partd, (size_t) n_pairs * l.out * 4, "pair sums", err);
+        if (r == 0)
+                r = dalloc((void **) &countd, l.out / 64 * 4, "counts", err);
+        if (r == 0) {
+                cudaError_t e = cudaMemcpyAsync(xd, x, n_pairs * K * 4, cudaMemcpyHostToDevice,
+                        b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(idxd, expert_of, n_pairs * 4, cudaMemcpyHostToDevice,
+                                b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemcpyAsync(pwd, pair_w, n_pairs * 4, cudaMemcpyHostToDevice,
+                                b->st);
+                if (e == cudaSuccess)
+                        e = cudaMemsetAsync(countd, 0, l.out / 64 * 4, b->st);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test moe res input");
+        }
+        if (r == 0)
+                r = test_res_consumer(b, c, l.out, h, w, eps, y, [&](float *hd, float *wd) {
+                        cu_to_half(b->st, xd, xh, n_pairs * K);
+                        cu_gemv_res_moe(b->st, &l, qb / 16, sb / 4, idxd, pwd, xh, (uint32_t) K,
+                                hd, wd, &b->qx_res, partd, countd);
+                }, err);
+        dfree(xd);
+        dfree(xh);
+        dfree(idxd);
+        dfree(pwd);
+        dfree(partd);
+        dfree(countd);
+        linear_free(&l);
         cuda_free(b);
         return r;
 }

@@ -52,6 +52,16 @@ int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
 int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
         const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err);
 
+/* Test hook: a MoE layer's down at one row ending in the residual add and the next norm
+ * (cu_gemv_res_moe) in CTAs of 2 kw warps, then the integer GEMV of c taking its output as
+ * cuda_test_res's: pair p < n_pairs multiplies row p of x (n_pairs, in) by the AWQ linear
+ * experts[expert_of[p]] (n_experts of one shape), and h (out) += the pairs' products times
+ * pair_w[p], in place. -EINVAL where cu_gemv_res_moe does not take the shape, n_pairs or
+ * kw. */
+int cuda_test_moe_res(const BkLinear *experts, uint32_t n_experts, const uint32_t *expert_of,
+        const float *pair_w, uint32_t n_pairs, uint32_t kw, const BkLinear *c, const float *x,
+        float *h, const float *w, float eps, float *y, DsError *err);
+
 /* Test hook: the MoE expert GEMV (cu_gemv_experts), or the grouped GEMM (cu_gemm_experts)
  * when grouped, over n_experts AWQ linears of one shape stored one after the other. Pair p
  * goes to expert expert_of[p] and reads row p / x_div of x (ceil(n_pairs / x_div) rows of

@@ -972,10 +972,20 @@ static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * launch where 2 cost nothing measurable and 4 0.9 us, nineteenth and eighteenth
  * sessions); the other slices send their sums to the first and leave, so that their SM
  * slots go to the next kernel's CTAs. KW is 5 (two CTAs an SM, k_gemv_awq's 20 warps) where
- * the clusters fit, else 3 (three CTAs an SM); 96 registers either way. */
+ * the clusters fit, else 3 (three CTAs an SM); 96 registers either way.
+ *
+ * MOE: a MoE layer's down at one row. Slice s is the row's pair s (RES_MOE_PAIRS at most:
+ * V2-Lite's 6 routed and 2 shared slices), over the whole K of its expert, whose weights
+ * the routing picks: the pairs' partials and the add_norm after them become one launch.
+ * The slices do not form a cluster: as clusters of 8 (three CTAs an SM, where two do not
+ * fit) V2-Lite's down took 9.7 us a layer against 6.3 for the expert GEMV, most of it the
+ * launch of large clusters (docs/PERF.md, thirty-fourth session, runs 2-3). Each slice
+ * stores its sums, and the last of a chunk's slices to count itself in ends it, adding the
+ * slices times the pairs' weights in pair order, as k_add_norm adds a MoE layer's pairs. */
 #define RES_KW_MAX      5
 #define RES_KW_MIN      3
 #define RES_MAX_SPLITS  4
+#define RES_MOE_PAIRS   8
 #define RES_COLS        (2 * AWQ_NT * AWQ_TN)
 static_assert(RES_COLS == AWQ_KC, "a CTA of cu_gemv_res holds one chunk of columns");
 
@@ -984,6 +994,9 @@ struct ResArgs {
         const float *bias; /* (N) or NULL */
         const float *w;   /* the next norm's weights (N) */
         CuQx qx;          /* w h quantized, and the chunks' sums of h^2 */
+        const float *pair_w; /* MOE: the pairs' weights (a.ids: their experts) */
+        float *part;         /* MOE: the slices' sums (chunk of columns, slice, column) */
+        uint32_t *count;     /* MOE: the slices in, a chunk of columns (0 between launches) */
 };
 
 /* k_gemv_res's sums where x is hb of one row quantized by 16 k (a.qx, cu_gemv_gate_up's
@@ -1067,14 +1080,16 @@ __device__ __forceinline__ void qh_sums(const AwqArgs &a, uint32_t tile0, uint32
         }
 }
 
-/* QH: x is hb quantized by 16 k (qh_sums). */
-template <bool XS, int KW, bool QH>
+/* QH: x is hb quantized by 16 k (qh_sums). MOE: the pairs' down (above). */
+template <bool XS, int KW, bool QH, bool MOE = false>
 __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         k_gemv_res(const AwqArgs a, const ResArgs r)
 {
+        static_assert(!(QH && MOE), "a MoE down takes FP16 x");
         __shared__ AwqRed red[2 * KW];
-        __shared__ __align__(8) float part_s[RES_MAX_SPLITS][RES_COLS];
+        __shared__ __align__(8) float part_s[MOE ? 1 : RES_MAX_SPLITS][RES_COLS];
         __shared__ __align__(16) float wb_s[2][RES_COLS]; /* the norm's weights, the bias */
+        __shared__ float pw_s[MOE ? RES_MOE_PAIRS : 1];    /* MOE: the pairs' weights */
         __shared__ __align__(8) uint64_t part_bar; /* the first slice's: the slices' sums */
         extern __shared__ __align__(16) __half res_xsl[];
         /* at entry where a CTA is two to an SM (7B batch 1 -2.7%), where it is three after
@@ -1084,13 +1099,19 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, u = threadIdx.x;
         uint32_t half = warp / KW, wq = warp % KW, s = blockIdx.y;
         uint32_t tile0 = (2 * blockIdx.x + half) * AWQ_NT;
-        uint32_t c0 = (uint32_t) ((uint64_t) a.chunks * s / a.splits);
-        uint32_t c1 = (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        uint32_t c0 = MOE ? 0 : (uint32_t) ((uint64_t) a.chunks * s / a.splits);
+        uint32_t c1 = MOE ? a.chunks : (uint32_t) ((uint64_t) a.chunks * (s + 1) / a.splits);
+        /* MOE: c0 as a value the compiler does not know; known to be 0, the loop of the
+         * kernels without XS spilled 24 bytes (ptxas of CUDA 13) */
+        if (MOE)
+                asm volatile("" : "+r"(c0));
         uint32_t w0 = c0 + (c1 - c0) * wq / KW, w1 = c0 + (c1 - c0) * (wq + 1) / KW;
-        /* the epilogue is the first slice's warp 0, lane l columns 2 l and 2 l + 1 */
+        /* the epilogue is the first slice's warp 0 (MOE: the last slice's, which every warp 0
+         * may be), lane l columns 2 l and 2 l + 1 */
         uint32_t col = RES_COLS * blockIdx.x + 2 * lane;
-        bool mine = s == 0 && warp == 0;
-        constexpr bool SEND = KW == RES_KW_MAX; /* the slices' sums by cl_send (below) */
+        bool mine = (MOE || s == 0) && warp == 0;
+        /* the slices' sums by cl_send (below) */
+        constexpr bool SEND = KW == RES_KW_MAX && !MOE;
         /* before any load, which its fence would otherwise wait for */
         if (SEND && s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
@@ -1114,16 +1135,32 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
          * sums issue theirs. Relaxed, 32B (three CTAs an SM) was 0.2-0.5% faster and 7B (two)
          * 0.2-0.5% slower, in three runs (docs/PERF.md, twenty-third session) */
         cg::cluster_group cluster = cg::this_cluster();
-        if (KW == RES_KW_MAX)
+        if (SEND)
                 cluster.barrier_arrive();
-        else
+        else if (!MOE)
                 __cluster_barrier_arrive_relaxed();
+        const uint4 *qw = a.qw;
+        const uint2 *sz = (const uint2 *) a.sz;
+        if constexpr (MOE) {
+                /* the pair's expert and the pairs' weights come from the routing: no weights
+                 * load before the wait, as in the expert GEMV at one row; the weights into
+                 * shared memory, where they hold no registers through the loop */
+                pdl_wait();
+                uint32_t e = a.ids[s];
+                qw += e * a.qw_units;
+                sz = (const uint2 *) (a.sz + e * a.sz_units);
+                if (mine) {
+                        if (lane < RES_MOE_PAIRS)
+                                cp_async4(&pw_s[lane], r.pair_w + lane, lane < a.splits);
+                        cp_async_commit();
+                }
+        }
         float c[AWQ_NT][1][4];
         if constexpr (QH)
                 qh_sums<XS>(a, tile0, c0, c1, w0, w1, (uint4 *) res_xsl, c);
-        else
-                awq_sums<false, true, XS>(a, a.qw, (const uint2 *) a.sz, tile0, c0, c1, w0, w1,
-                        0, 1, res_xsl, c);
+        else /* x row s: its pair's (MOE), else row 0 */
+                awq_sums<false, true, XS>(a, qw, sz, tile0, c0, c1, w0, w1, MOE ? s : 0, 1,
+                        res_xsl, c);
         if (KW != RES_KW_MAX)
                 pdl_trigger();
         /* the residual, which an earlier launch wrote: its load under the sums' meeting */
@@ -1134,7 +1171,8 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                 for (int q = 0; q < 4; q++)
                         red[warp][j][q][lane] = c[j][0][q];
         __syncthreads();
-        cluster.barrier_wait();
+        if (!MOE)
+                cluster.barrier_wait();
         if (u < RES_COLS) {
                 /* column u: half u / 32, its tile (u / 16) % 2, lane 4 g of register q (row 0) */
                 uint32_t j = u / 16 % 2, g = u % 8, q = 2 * (u % 16 / 8);
@@ -1142,33 +1180,59 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
 #pragma unroll
                 for (int k = 0; k < KW; k++)
                         v += red[u / 32 * KW + k][j][q][4 * g];
-                if (SEND)
+                if (MOE)
+                        r.part[((size_t) blockIdx.x * a.splits + s) * RES_COLS + u] = v;
+                else if (SEND)
                         cl_send(&part_s[s][u], &part_bar, 0, v);
                 else
                         *cluster.map_shared_rank(&part_s[s][u], 0) = v;
         }
-        if (!SEND)
-                cluster.barrier_arrive();
-        if (s != 0)
-                return;
-        if (SEND)
-                cl_slots_wait(&part_bar);
-        else
-                cluster.barrier_wait();
-        if (!mine)
-                return;
-        /* the slices in order, then the bias, then the residual, as k_add_norm adds; then w h
-         * quantized by the same warp, from registers: warp 0 after a barrier, from shared
-         * memory, 8 lanes of 8 columns, took 0.7 us of each launch (docs/PERF.md,
-         * thirty-third session, run 5) */
-        float2 y = make_float2(0.0f, 0.0f);
-        for (uint32_t k = 0; k < a.splits; k++) {
-                float2 p = *(const float2 *) &part_s[k][2 * lane];
-                y.x += p.x;
-                y.y += p.y;
+        if constexpr (MOE) {
+                /* the slice counts itself in once its sums are stored (the barrier, then the
+                 * count's release); the last one in has every slice's sums (its acquire) and
+                 * sets the count back for the next launch, which comes after this grid's end */
+                __shared__ uint32_t before;
+                __syncthreads();
+                if (u == 0)
+                        before = atom_add_acq_rel(r.count + blockIdx.x, 1u);
+                __syncthreads();
+                if (before + 1 != a.splits || !mine)
+                        return;
+                if (lane == 0)
+                        r.count[blockIdx.x] = 0;
+        } else {
+                if (!SEND)
+                        cluster.barrier_arrive();
+                if (s != 0)
+                        return;
+                if (SEND)
+                        cl_slots_wait(&part_bar);
+                else
+                        cluster.barrier_wait();
+                if (!mine)
+                        return;
         }
+        /* the slices in order (MOE: each times its pair's weight, moe_pair_add's fma), then
+         * the bias, then the residual, as k_add_norm adds; then w h quantized by the same
+         * warp, from registers: warp 0 after a barrier, from shared memory, 8 lanes of 8
+         * columns, took 0.7 us of each launch (docs/PERF.md, thirty-third session, run 5) */
         cp_async_wait<0>();
         __syncwarp();
+        float2 y = make_float2(0.0f, 0.0f);
+        for (uint32_t k = 0; k < a.splits; k++) {
+                if constexpr (MOE) {
+                        /* from L2: this SM's L1 may hold an earlier launch's sums */
+                        uint2 p = ld_cg((const uint2 *) (r.part + ((size_t) blockIdx.x * a.splits + k) *
+                                                                          RES_COLS +
+                                                         2 * lane));
+                        y.x = fmaf(__uint_as_float(p.x), pw_s[k], y.x);
+                        y.y = fmaf(__uint_as_float(p.y), pw_s[k], y.y);
+                } else {
+                        float2 p = *(const float2 *) &part_s[k][2 * lane];
+                        y.x += p.x;
+                        y.y += p.y;
+                }
+        }
         float2 wn = *(const float2 *) &wb_s[0][2 * lane], bs = *(const float2 *) &wb_s[1][2 * lane];
         h.x += r.bias ? y.x + bs.x : y.x;
         h.y += r.bias ? y.y + bs.y : y.y;
@@ -1176,26 +1240,32 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
         qx_chunk_pairs(wn.x * h.x, wn.y * h.y, h.x * h.x + h.y * h.y, r.qx, blockIdx.x);
 }
 
+/* What x a k_gemv_res launch takes: FP16, hb quantized by 16 k (QH), or a MoE layer's
+ * pairs' FP16 hb (MOE). */
+enum ResX { RES_FP16, RES_QH, RES_MOE };
+
 /* Static shared memory of k_gemv_res, beside which its slice of x must fit the 48 KB a
  * launch may take without opting in. */
-static constexpr size_t res_smem(int kw)
+static constexpr size_t res_smem(int kw, bool moe)
 {
-        return 2 * kw * sizeof(AwqRed) + (RES_MAX_SPLITS + 2) * RES_COLS * sizeof(float) +
-               sizeof(uint64_t);
+        return 2 * kw * sizeof(AwqRed) + ((moe ? 1 : RES_MAX_SPLITS) + 2) * RES_COLS * sizeof(float) +
+               RES_MOE_PAIRS * sizeof(float) + 2 * sizeof(uint64_t);
 }
 
 /* The launch of cu_gemv_res for l in S slices of halves of kw warps (its cluster attribute
  * at), and its kernel: x through shared memory where the slice is long enough (gemv_awq's
- * rule) and x allows (x NULL: planning, any x); qh: x quantized by 16 k (its items and
- * records, 160 bytes a chunk, always aligned). */
+ * rule) and x allows (x NULL: planning, any x); RES_QH: x quantized by 16 k (its items and
+ * records, 160 bytes a chunk, always aligned); RES_MOE: a slice is a pair, over all of K,
+ * and the slices no cluster. */
 static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const __half *x,
-        bool qh, cudaLaunchAttribute *at, cudaLaunchConfig_t *cfg)
+        ResX rx, cudaLaunchAttribute *at, cudaLaunchConfig_t *cfg)
 {
-        uint32_t slice = div_up(div_up(l->in, AWQ_KC), S);
+        bool qh = rx == RES_QH, moe = rx == RES_MOE;
+        uint32_t slice = div_up(div_up(l->in, AWQ_KC), moe ? 1 : S);
         size_t xs = qh ? (size_t) slice * (128 + 4 * sizeof(float2))
                        : (size_t) awq_xs_row(slice) * 2;
         bool use_xs = slice >= 32 && l->in % 8 == 0 && (qh || (uintptr_t) x % 16 == 0) &&
-                      xs <= 48 * 1024 - res_smem(kw);
+                      xs <= 48 * 1024 - res_smem(kw, moe);
         at->id = cudaLaunchAttributeClusterDimension;
         at->val.clusterDim.x = 1;
         at->val.clusterDim.y = S;
@@ -1205,9 +1275,9 @@ static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const 
         cfg->blockDim = dim3(2 * kw * 32);
         cfg->dynamicSmemBytes = use_xs ? xs : 0;
         cfg->attrs = at;
-        cfg->numAttrs = 1;
-        /* [qh][kw == RES_KW_MAX][use_xs] */
-        static const void *const ks[2][2][2] = {
+        cfg->numAttrs = moe ? 0 : 1;
+        /* [rx][kw == RES_KW_MAX][use_xs] */
+        static const void *const ks[3][2][2] = {
                 {{(const void *) k_gemv_res<false, RES_KW_MIN, false>,
                          (const void *) k_gemv_res<true, RES_KW_MIN, false>},
                         {(const void *) k_gemv_res<false, RES_KW_MAX, false>,
@@ -1215,8 +1285,12 @@ static const void *res_config(const CuLinear *l, uint32_t S, uint32_t kw, const 
                 {{(const void *) k_gemv_res<false, RES_KW_MIN, true>,
                          (const void *) k_gemv_res<true, RES_KW_MIN, true>},
                         {(const void *) k_gemv_res<false, RES_KW_MAX, true>,
-                                (const void *) k_gemv_res<true, RES_KW_MAX, true>}}};
-        return ks[qh][kw == RES_KW_MAX][use_xs];
+                                (const void *) k_gemv_res<true, RES_KW_MAX, true>}},
+                {{(const void *) k_gemv_res<false, RES_KW_MIN, false, true>,
+                         (const void *) k_gemv_res<true, RES_KW_MIN, false, true>},
+                        {(const void *) k_gemv_res<false, RES_KW_MAX, false, true>,
+                                (const void *) k_gemv_res<true, RES_KW_MAX, false, true>}}};
+        return ks[rx][kw == RES_KW_MAX][use_xs];
 }
 
 /* Whether cu_gemv_res can take l at all: the consumer copies the chunks' sums of squares in
@@ -1238,12 +1312,12 @@ bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw)
 }
 
 /* Whether every cluster of l in S slices of halves of kw warps is resident at once, with x
- * in FP16 (qh false) or by 16 k. */
-static bool res_fits(const CuLinear *l, uint32_t S, uint32_t kw, bool qh)
+ * as rx says. */
+static bool res_fits(const CuLinear *l, uint32_t S, uint32_t kw, ResX rx)
 {
         cudaLaunchAttribute at;
         cudaLaunchConfig_t cfg;
-        const void *k = res_config(l, S, kw, NULL, qh, &at, &cfg);
+        const void *k = res_config(l, S, kw, NULL, rx, &at, &cfg);
         int n = 0;
         return cudaOccupancyMaxActiveClusters(&n, k, &cfg) == cudaSuccess &&
                (uint32_t) n >= l->out / RES_COLS;
@@ -1263,27 +1337,59 @@ void cu_res_plan(CuLinear *l)
         const uint32_t kws[] = {RES_KW_MAX, RES_KW_MIN};
         for (uint32_t kw : kws)
                 for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++)
-                        if (res_fits(l, s, kw, false) && res_fits(l, s, kw, true)) {
+                        if (res_fits(l, s, kw, RES_FP16) && res_fits(l, s, kw, RES_QH)) {
                                 l->res_splits = s;
                                 l->res_kw = kw;
                         }
 }
 
+/* The wider CTAs, two an SM: no CTA waits for another, so none need be resident with
+ * another. An expert narrower than a half's warps leaves some of them no chunk (the small
+ * test models'; V2-Lite's has 22 chunks). */
+bool cu_res_plan_moe(CuLinear *l, uint32_t pairs, uint32_t kw)
+{
+        l->res_splits = l->res_kw = 0;
+        kw = kw ? kw : RES_KW_MAX;
+        if (!res_takes(l) || pairs < 1 || pairs > RES_MOE_PAIRS ||
+                (kw != RES_KW_MAX && kw != RES_KW_MIN))
+                return false;
+        l->res_splits = pairs;
+        l->res_kw = kw;
+        return true;
+}
+
+/* k_gemv_res's launch (MOE: rw and a.ids set, x the pairs' rows). */
+static void res_launch(cudaStream_t st, const CuLinear *l, const AwqArgs &a, const ResArgs &r,
+        ResX rx)
+{
+        cudaLaunchAttribute at;
+        cudaLaunchConfig_t cfg;
+        const void *k = res_config(l, l->res_splits, l->res_kw, a.x, rx, &at, &cfg);
+        cfg.stream = st;
+        void *args[] = {(void *) &a, (void *) &r};
+        /* a failed launch is the step's error, as for the <<<>>> launches */
+        cudaLaunchKernelExC(&cfg, k, args);
+}
+
 void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
         const float *w, const CuQx *qx, const CuQx *hq)
 {
-        uint32_t S = l->res_splits;
         AwqArgs a = {l->qw, l->sz, 0, 0, NULL, NULL, NULL, 1, 1, l->in, x, NULL, 0, l->in,
-                l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), S, awq_group_magic(l), NULL,
-                hq ? *hq : CuQx{}, CuRopeKv{}, CuQx{}};
-        ResArgs r = {h, l->bias, w, *qx};
-        cudaLaunchAttribute at;
-        cudaLaunchConfig_t cfg;
-        const void *k = res_config(l, S, l->res_kw, x, hq != NULL, &at, &cfg);
-        cfg.stream = st;
-        void *args[] = {&a, &r};
-        /* a failed launch is the step's error, as for the <<<>>> launches */
-        cudaLaunchKernelExC(&cfg, k, args);
+                l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->res_splits,
+                awq_group_magic(l), NULL, hq ? *hq : CuQx{}, CuRopeKv{}, CuQx{}};
+        ResArgs r = {h, l->bias, w, *qx, NULL, NULL, NULL};
+        res_launch(st, l, a, r, hq ? RES_QH : RES_FP16);
+}
+
+void cu_gemv_res_moe(cudaStream_t st, const CuLinear *l, size_t qw_units, size_t sz_units,
+        const uint32_t *idx, const float *pair_w, const __half *x, uint32_t ldx, float *h,
+        const float *w, const CuQx *qx, float *part, uint32_t *count)
+{
+        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, idx, NULL, NULL, 1, 1, ldx, x, NULL, 0,
+                l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC), l->res_splits,
+                awq_group_magic(l), NULL, CuQx{}, CuRopeKv{}, CuQx{}};
+        ResArgs r = {h, NULL, w, *qx, pair_w, part, count};
+        res_launch(st, l, a, r, RES_MOE);
 }
 
 /* ---------------------------------------------------------------------------------------

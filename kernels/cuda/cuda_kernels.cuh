@@ -352,6 +352,22 @@ void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
  * columns than its clusters that fit on the GPU at once. */
 void cu_res_plan(CuLinear *l);
 
+/* cu_gemv_res for a MoE layer's down at one row (in place of the expert GEMV and the
+ * add_norm after it): l describes expert 0 as cu_gemv_experts's does, and pair p of the
+ * row (l->res_splits of them) takes expert idx[p]'s weights and row p of x (row stride
+ * ldx); h += the pairs' products times their weights pair_w, added in pair order. Both idx
+ * and pair_w come from the routing, so no weight loads before the launch's wait. part
+ * (l->res_splits * l->out floats) takes the pairs' sums; count (l->out / 64 words, zero
+ * before the first launch) is left zero. */
+void cu_gemv_res_moe(cudaStream_t st, const CuLinear *l, size_t qw_units, size_t sz_units,
+        const uint32_t *idx, const float *pair_w, const __half *x, uint32_t ldx, float *h,
+        const float *w, const CuQx *qx, float *part, uint32_t *count);
+
+/* Sets l->res_splits (pairs, at most 8) and l->res_kw (kw, or cu_gemv_res_moe's choice
+ * where kw is 0; 5 or 3) for cu_gemv_res_moe and returns true where it applies (AWQ with
+ * groups of whole chunks, columns in whole groups of 4 chunks); else leaves them 0. */
+bool cu_res_plan_moe(CuLinear *l, uint32_t pairs, uint32_t kw);
+
 /* Tests: sets l->res_splits and l->res_kw to splits and kw where cu_gemv_res takes them
  * (kw 5 or 3, at most 4 slices, a chunk a warp), whatever cu_res_plan would pick; false,
  * changing nothing, where not. */

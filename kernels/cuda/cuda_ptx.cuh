@@ -46,6 +46,14 @@ __device__ __forceinline__ void cp_async8(void *dst, const void *src, bool valid
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(n));
 }
 
+/* A 4-byte cp.async; zeros where !valid. */
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid)
+{
+        uint32_t d = (uint32_t) __cvta_generic_to_shared(dst);
+        int n = valid ? 4 : 0;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
         asm volatile("cp.async.commit_group;\n" ::);
@@ -124,6 +132,18 @@ __device__ __forceinline__ uint4 ld_cg(const uint4 *p)
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "l"(p));
         return v;
+}
+
+/* *p += v at GPU scope, acquire and release: the writes this CTA made before a barrier
+ * that precedes it are visible to whoever reads the count after it; returns the old value. */
+__device__ __forceinline__ uint32_t atom_add_acq_rel(uint32_t *p, uint32_t v)
+{
+        uint32_t old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+                     : "=r"(old)
+                     : "l"(p), "r"(v)
+                     : "memory");
+        return old;
 }
 
 __device__ __forceinline__ uint2 ld_cg(const uint2 *p)

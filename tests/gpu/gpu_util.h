@@ -250,13 +250,14 @@ static inline void gpu_greedy(Backend *b, uint32_t V, uint32_t n, int32_t *out, 
                 CHECK(out[k] >= 0 && out[k] < (int32_t) V - 3, "id %d", out[k]);
 }
 
-/* The same greedy decodes of 2 (x through shared memory in the GEMVs), 5 (a padded graph
- * bucket) and 20 sequences (the cuBLAS path) on graph and on eager backends of one model
+/* The same greedy decodes of 1 (the one-row paths: o and down ending in the next norm),
+ * 2 (x through shared memory in the GEMVs), 5 (a padded graph bucket) and 20 sequences (the
+ * cuBLAS path) on graph and on eager backends of one model
  * must give the same ids, and so must chained steps on both: from graphs, the ids stay on
  * the device; eager, they come through the host. */
 static inline void gpu_graph_vs_eager(Backend *graph, Backend *eager, uint32_t V, size_t model)
 {
-        static const uint32_t batches[] = {2, 5, 20};
+        static const uint32_t batches[] = {1, 2, 5, 20};
         for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
                 uint32_t n = batches[i];
                 int32_t a[24 * 20], b[24 * 20], c[24 * 20], d[24 * 20];

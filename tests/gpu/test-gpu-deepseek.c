@@ -9,10 +9,12 @@
  *    chunks, W_UK and W_UV over several 64-row groups, experts with more than 16 rows, the
  *    cuBLAS path; its first chunk of one row routes in add_norm's router epilogue, and
  *    steps of up to 32 rows take their router logits from it), two decode steps of six of them (a
- * small step: many 32-position items a row) and two of all eighteen (more than 8 sequences and 16
- * rows: 160-position items, several row tiles), logits within 1e-2 relative error of the CPU's for
- * every row but where routing met a near tie (see rows_err);
- *  - 24 greedy decode steps of 5 and of 20 sequences after 20-token prompts: graph
+ * small step: many 32-position items a row), two of all eighteen (more than 8 sequences and 16
+ * rows: 160-position items, several row tiles) and two of the first alone (one row: a MoE layer's
+ * down ends in the next norm, cu_gemv_res_moe, where the next q|kv_a takes quantized rows),
+ * logits within 1e-2 relative error of the CPU's for every row but where routing met a near tie
+ * (see rows_err);
+ *  - 24 greedy decode steps of 1, 2, 5 and 20 sequences after 20-token prompts: graph
  *    replays give the ids eager steps give, and so do chained steps (submit, collect). */
 #include "cpu_moe.h"
 #include "gpu_util.h"
@@ -254,7 +256,8 @@ static double rows_err(
 
 /* Sequence 0: 200 tokens in chunks of 1, 12, 5 and 182 (items of several 32-row chunks,
  * more than 16 rows, cuBLAS); the others: 48 tokens at once; then two decode steps of the
- * first N_SMALL sequences and two of all. Every row's logits are compared. */
+ * first N_SMALL sequences, two of all and two of sequence 0 alone. Every row's logits are
+ * compared. */
 static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
 {
         uint32_t V = m->cfg.vocab_size, n0 = 200, n1 = 48;
@@ -286,9 +289,9 @@ static double compare_steps(const BkModel *m, Backend *cpu, Backend *gpu)
                         worst = fmax(worst, rows_err(b, a, q.n_tokens, V, s, "prefill"));
                 }
 
-        for (uint32_t t = 0; t < 4; t++) {
+        for (uint32_t t = 0; t < 6; t++) {
                 BkSeq d[N_SEQ];
-                uint32_t n = t < 2 ? N_SMALL : N_SEQ;
+                uint32_t n = t < 2 ? N_SMALL : t < 4 ? N_SEQ : 1;
                 for (uint32_t s = 0; s < n; s++)
                         d[s] = (BkSeq){.tokens = &tokens[t * N_SEQ + s],
                                 .n_tokens = 1,

@@ -9,8 +9,11 @@
  * Then the contract that a pair's result does not depend on the other rows of its
  * expert: the rows listed in reverse and some pairs moved to other experts leave every
  * other pair's result bit for bit the same; and one token (one row an expert) against the
- * CPU and bit for bit against the same token twice. Tolerance: relative error 3e-3 per pair
- * (the GPU rounds x to FP16). */
+ * CPU and bit for bit against the same token twice. Last, a MoE layer's down at one row
+ * ending in the residual add and the next norm (cu_gemv_res_moe: a pair a slice, the last
+ * slice in ends it), and the linear after it taking the quantized row, against the CPU's
+ * weighted sum of the pairs in pair order. Tolerance: relative error 3e-3 per pair (the GPU rounds x
+ * to FP16). */
 #include "cpu_linear.h"
 #include "gpu_util.h"
 
@@ -155,6 +158,77 @@ static double check(uint32_t in, uint32_t out, uint32_t gs, uint32_t x_div)
         return worst;
 }
 
+/* A MoE layer's down of one token's n_pairs pairs in CTAs of 2 kw warps, ending in the
+ * residual add and the next norm, then the linear after it: the residual and that linear's
+ * output against the CPU. The pairs' experts are distinct, their weights random but the
+ * last two's 1 (as the shared experts' slices). Returns the worst relative error. */
+static double check_moe_res(uint32_t in, uint32_t out, uint32_t gs, uint32_t n_pairs, uint32_t kw)
+{
+        DsError err = {0};
+        const float eps = 1e-6f;
+        const uint32_t C = 200;
+        BkLinear ex[EXPERTS];
+        for (uint32_t e = 0; e < EXPERTS; e++)
+                ex[e] = rnd_linear(true, in, out, gs, false, BK_DT_F16);
+        BkLinear c = rnd_linear(true, out, C, 128, true, BK_DT_F16);
+        uint32_t expert_of[8];
+        float *pair_w = rnd_f32(n_pairs, 0.05f, 1.0f);
+        float *x = rnd_f32((size_t) n_pairs * in, -2.0f, 2.0f);
+        float *h = rnd_f32(out, -4.0f, 4.0f), *w = rnd_f32(out, 0.5f, 1.5f);
+        float *want_h = (float *) rnd_alloc(out * 4), *xn = (float *) rnd_alloc(out * 4);
+        float *d = (float *) rnd_alloc(out * 4), *y = (float *) rnd_alloc(C * 4);
+        float *want = (float *) rnd_alloc(C * 4), *sum = (float *) rnd_alloc(out * 4);
+        size_t sc = cpu_linear_scratch_size(&ex[0]);
+        if (cpu_linear_scratch_size(&c) > sc)
+                sc = cpu_linear_scratch_size(&c);
+        float *scratch = (float *) rnd_alloc(sc * 4);
+
+        CHECK(n_pairs <= ELEMENTSOF(expert_of), "at most %zu pairs", ELEMENTSOF(expert_of));
+        for (uint32_t p = 0; p < n_pairs; p++) {
+                expert_of[p] = (p * 5 + 1) % EXPERTS; /* distinct up to 12 pairs */
+                if (p + 2 >= n_pairs)
+                        pair_w[p] = 1.0f;
+        }
+        /* the pairs in order, each times its weight, then the residual, as the CPU adds */
+        memset(sum, 0, out * 4);
+        for (uint32_t p = 0; p < n_pairs; p++) {
+                cpu_linear(&ex[expert_of[p]], x + (size_t) p * in, 1, d, scratch, NULL);
+                for (uint32_t i = 0; i < out; i++)
+                        sum[i] += pair_w[p] * d[i];
+        }
+        double ss = 0;
+        for (uint32_t i = 0; i < out; i++) {
+                want_h[i] = h[i] + sum[i];
+                ss += (double) want_h[i] * want_h[i];
+        }
+        float inv = (float) (1.0 / sqrt(ss / out + eps));
+        for (uint32_t i = 0; i < out; i++)
+                xn[i] = w[i] * (want_h[i] * inv);
+        cpu_linear(&c, xn, 1, want, scratch, NULL);
+        for (uint32_t i = 0; i < C; i++)
+                y[i] = NAN;
+        CHECK(cuda_test_moe_res(
+                      ex, EXPERTS, expert_of, pair_w, n_pairs, kw, &c, x, h, w, eps, y, &err) == 0,
+                "%s", err.msg);
+        double eh = rel_err(h, want_h, out), e = rel_err(y, want, C);
+        CHECK(eh < TOL && e < TOL,
+                "moe res %u->%u g%u, %u pairs in CTAs of 2 x %u warps: residual error %.3g, next "
+                "linear %.3g",
+                in, out, gs, n_pairs, kw, eh, e);
+        free(pair_w);
+        free(x);
+        free(h);
+        free(w);
+        free(want_h);
+        free(xn);
+        free(d);
+        free(y);
+        free(want);
+        free(sum);
+        free(scratch);
+        return fmax(e, eh);
+}
+
 int main(void)
 {
         static const struct {
@@ -173,6 +247,14 @@ int main(void)
         for (size_t s = 0; s < ELEMENTSOF(shapes); s++)
                 worst = fmax(
                         worst, check(shapes[s].in, shapes[s].out, shapes[s].gs, shapes[s].x_div));
+        /* V2-Lite's down (6 routed and 2 shared pairs) in both CTA widths; a slice of 32
+         * chunks (x through shared memory); 5 chunks, 3 pairs, groups of 64; 2 chunks, fewer
+         * than a half's warps */
+        worst = fmax(worst, check_moe_res(1408, 2048, 128, 8, 5));
+        worst = fmax(worst, check_moe_res(1408, 2048, 128, 8, 3));
+        worst = fmax(worst, check_moe_res(2048, 1024, 128, 6, 5));
+        worst = fmax(worst, check_moe_res(320, 256, 64, 3, 3));
+        worst = fmax(worst, check_moe_res(128, 512, 64, 5, 5));
         printf("experts: worst relative error %.3g (tolerance %g)\n", worst, TOL);
         return 0;
 }
