@@ -1569,7 +1569,7 @@ static bool experts_mul(Backend *b, bool grouped, const CuLinear *l, uint32_t sl
                 return false;
         }
         return cu_gemv_experts(b->st, l, slots, qw_units, sz_units, b->eids, b->eoff, b->elist,
-                x_div, x, ldx, y, stride, hb, order);
+                x_div, div_up(pairs, x_div), x, ldx, y, stride, hb, order);
 }
 
 /* How a MoE layer runs a step of rows rows: the routing, the experts' launches and slots. */
@@ -3485,8 +3485,8 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                                         NULL, offd, listd, x_div, xh, (uint32_t) K, yd);
                         else
                                 cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL,
-                                        offd, listd, x_div, xh, (uint32_t) K, yd,
-                                        (size_t) n_pairs * N, NULL, EXPERTS_PLAIN);
+                                        offd, listd, x_div, (uint32_t) x_rows, xh, (uint32_t) K,
+                                        yd, (size_t) n_pairs * N, NULL, EXPERTS_PLAIN);
                         e = cudaGetLastError();
                 }
                 if (e == cudaSuccess)
@@ -3499,8 +3499,8 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                         e = cudaMemsetAsync(yd, 0xff, y_floats * 4, b->st);
                         if (e == cudaSuccess &&
                                 cu_gemv_experts(b->st, &l, n_experts, qb / 16, sb / 4, NULL, offd,
-                                        listd, x_div, xh, (uint32_t) K, yd, (size_t) n_pairs * N,
-                                        NULL, EXPERTS_EARLY))
+                                        listd, x_div, (uint32_t) x_rows, xh, (uint32_t) K, yd,
+                                        (size_t) n_pairs * N, NULL, EXPERTS_EARLY))
                                 e = cudaGetLastError();
                         if (e == cudaSuccess)
                                 e = cudaStreamSynchronize(b->st);

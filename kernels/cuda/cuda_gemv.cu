@@ -1457,7 +1457,9 @@ __device__ __forceinline__ void awq_pass_staged(const AwqArgs &a, const uint4 *q
 #pragma unroll
         for (int m = 0; m < 2; m++) {
                 uint32_t p = lane + 32 * m, row = p / 8;
-                uint32_t pair = row >= pr ? 0 : early ? ld_cg(a.list + p0 + row) : a.list[p0 + row];
+                uint32_t pair = row >= pr || a.rows == 1 ? 0
+                                : early ? ld_cg(a.list + p0 + row)
+                                        : a.list[p0 + row];
                 xs[m] = row < pr ? a.x + (size_t) (pair / a.x_div) * a.ldx +
                                            8 * (p % 8)
                                  : NULL;
@@ -1581,17 +1583,19 @@ __global__ void __launch_bounds__(KW * 32, AWQ_ES_CTA * AWQ_EKW / KW)
 
 bool cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
-        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
-        __half *hb, CuExpertsOrder order)
+        uint32_t x_div, uint32_t x_rows, const __half *x, uint32_t ldx, float *y,
+        size_t slice_stride, __half *hb, CuExpertsOrder order)
 {
         if (ldx % 8 != 0 || (uintptr_t) x % 16 != 0) { /* x goes in 16-byte pieces */
                 gemv_awq(st, l, n_slots, qw_units, sz_units, ids, off, list, 0, x_div, false,
                         x, ldx, y, slice_stride, hb);
                 return false;
         }
-        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, 0, x_div, ldx, x, y,
-                slice_stride, l->in, l->out, awq_tiles(l->out), div_up(l->in, AWQ_KC),
-                l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{}, CuQx{}};
+        /* rows 1: one row of x, which every pair reads (no list read for its address) */
+        AwqArgs a = {l->qw, l->sz, qw_units, sz_units, ids, off, list, x_rows == 1 ? 1u : 0u,
+                x_div, ldx, x, y, slice_stride, l->in, l->out, awq_tiles(l->out),
+                div_up(l->in, AWQ_KC), l->splits, awq_group_magic(l), hb, CuQx{}, CuRopeKv{},
+                CuQx{}};
         dim3 grid(a.tiles / AWQ_NT, l->splits, n_slots);
         bool g64 = l->group_size % AWQ_KC == 0;
         /* [g64][few][order] */
@@ -2355,7 +2359,8 @@ extern "C" int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t r
                 v.sz = (__half2 *) ((char *) sz + (c % copies) * sb * mats);
                 if (n_experts)
                         cu_gemv_experts(st, &v, n_experts, qb / 16, sb / 4, NULL, offd, listd,
-                                top_k, x, in, y, (size_t) pairs * out, NULL, EXPERTS_PLAIN);
+                                top_k, div_up(pairs, top_k), x, in, y, (size_t) pairs * out,
+                                NULL, EXPERTS_PLAIN);
                 else
                         cu_gemv(st, &v, x, in, rows, y, (size_t) rows * out,
                                 quantized ? &qx : NULL);

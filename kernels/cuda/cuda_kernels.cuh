@@ -378,8 +378,9 @@ bool cu_res_set(CuLinear *l, uint32_t splits, uint32_t kw);
  * units) and l->sz + e*sz_units (__half2 units). The launch has n_slots slots; slot z runs
  * expert ids[z] (z itself when ids is NULL) on the rows list[off[z] .. off[z+1]) (off: n_slots
  * + 1 entries; all three on the device). An entry p is a "pair" index: its input is row p /
- * x_div of x (row stride ldx, a multiple of 4, FP16) and its output is row p of each slice
- * of y (slice s at y + s*slice_stride, row stride l->out, float32). Any number of rows per
+ * x_div of x (x_rows rows of stride ldx, a multiple of 4, FP16; where x_rows is 1 the
+ * kernel takes that row without reading the list for it) and its output is row p of each
+ * slice of y (slice s at y + s*slice_stride, row stride l->out, float32). Any number of rows per
  * slot (passes of 8); a slot without rows costs empty blocks, so callers compact the
  * touched experts into the first slots (cu_moe_group). The grid depends on n_slots only
  * (the launch can be captured in CUDA graphs), and row p's result does not depend on which
@@ -398,8 +399,8 @@ typedef enum CuExpertsOrder {
 
 bool cu_gemv_experts(cudaStream_t st, const CuLinear *l, uint32_t n_slots, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
-        uint32_t x_div, const __half *x, uint32_t ldx, float *y, size_t slice_stride,
-        __half *hb, CuExpertsOrder order);
+        uint32_t x_div, uint32_t x_rows, const __half *x, uint32_t ldx, float *y,
+        size_t slice_stride, __half *hb, CuExpertsOrder order);
 
 /* The same product as cu_gemv_experts for steps whose experts get many rows (n_pairs
  * pairs in all): each expert's weights are read once per MG_ROWS (32) of its rows instead
