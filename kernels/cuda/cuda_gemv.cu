@@ -977,9 +977,10 @@ static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
  * MOE: a MoE layer's down at one row. Slice s is the row's pair s (RES_MOE_PAIRS at most:
  * V2-Lite's 6 routed and 2 shared slices), over the whole K of its expert, whose weights
  * the routing picks: the pairs' partials and the add_norm after them become one launch.
- * The slices do not form a cluster: as clusters of 8 (three CTAs an SM, where two do not
- * fit) V2-Lite's down took 9.7 us a layer against 6.3 for the expert GEMV, most of it the
- * launch of large clusters (docs/PERF.md, thirty-fourth session, runs 2-3). Each slice
+ * The slices do not form a cluster: clusters of 8 CTAs of 10 warps, two an SM, do not all
+ * fit on the H200, and at three CTAs of 6 warps an SM V2-Lite's down took 9.7 us a layer,
+ * against 8.9 with no cluster at two of 10 (V2-Lite batch 1 -1.2% and -2.5% against the
+ * expert GEMV and the add_norm; docs/PERF.md, thirty-fourth session, runs 2-4). Each slice
  * stores its sums, and the last of a chunk's slices to count itself in ends it, adding the
  * slices times the pairs' weights in pair order, as k_add_norm adds a MoE layer's pairs. */
 #define RES_KW_MAX      5
