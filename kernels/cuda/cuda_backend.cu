@@ -3095,6 +3095,34 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         return r;
 }
 
+/* Tests: n_experts AWQ linears of one shape into l, one after the other as a MoE layer
+ * holds them (l describes expert 0; *qb and *sb: an expert's bytes of weights and scales). */
+static int test_experts_upload(Backend *b, const BkLinear *experts, uint32_t n_experts,
+        CuLinear *l, size_t *qb, size_t *sb, const char *what, DsError *err)
+{
+        const BkLinear *e0 = &experts[0];
+        for (uint32_t e = 0; e < n_experts; e++)
+                if (experts[e].kind != BK_LINEAR_AWQ || experts[e].in != e0->in ||
+                        experts[e].out != e0->out || experts[e].group_size != e0->group_size)
+                        return ds_error(err, -EINVAL, "%s: expert %u differs", what, e);
+        *l = CuLinear{};
+        l->awq = true;
+        l->in = e0->in;
+        l->out = e0->out;
+        l->group_size = e0->group_size;
+        cu_awq_sizes(l->in, l->out, l->group_size, qb, sb);
+        int r = dalloc((void **) &l->qw, *qb * n_experts, "experts", err);
+        if (r == 0)
+                r = dalloc((void **) &l->sz, *sb * n_experts, "experts", err);
+        for (uint32_t e = 0; r == 0 && e < n_experts; e++) {
+                CuLinear v = *l;
+                v.qw = (uint4 *) ((char *) l->qw + e * *qb);
+                v.sz = (__half2 *) ((char *) l->sz + e * *sb);
+                r = awq_repack_part(b, &v, &experts[e], 0, what, err);
+        }
+        return r;
+}
+
 /* Tests: what follows a cu_gemv_res launch in a step, for cuda_test_res and
  * cuda_test_moe_res: h (n) and w to the device, launch(hd, wd) (a producer ending in the
  * residual add and the norm's quantization into b->qx_res), then the integer GEMV of the
@@ -3236,39 +3264,20 @@ extern "C" int cuda_test_moe_res(const BkLinear *experts, uint32_t n_experts,
         const BkLinear *c, const float *x, float *h, const float *w, float eps, float *y,
         DsError *err)
 {
-        const BkLinear *e0 = &experts[0];
-        for (uint32_t e = 0; e < n_experts; e++)
-                if (experts[e].kind != BK_LINEAR_AWQ || experts[e].in != e0->in ||
-                        experts[e].out != e0->out || experts[e].group_size != e0->group_size)
-                        return ds_error(err, -EINVAL, "test moe res: expert %u differs", e);
         Backend *b = NULL;
         int r = cuda_create(NULL, &b, err);
         if (r < 0)
                 return r;
         CuLinear l = {};
-        l.awq = true;
-        l.in = e0->in;
-        l.out = e0->out;
-        l.group_size = e0->group_size;
-        size_t qb, sb, K = l.in;
-        cu_awq_sizes(l.in, l.out, l.group_size, &qb, &sb);
+        size_t qb = 0, sb = 0, K = experts[0].in;
         float *xd = NULL, *pwd = NULL, *partd = NULL;
         __half *xh = NULL;
         uint32_t *idxd = NULL, *countd = NULL;
-        if (!cu_res_plan_moe(&l, n_pairs, kw))
+        r = test_experts_upload(b, experts, n_experts, &l, &qb, &sb, "test moe res", err);
+        if (r == 0 && !cu_res_plan_moe(&l, n_pairs, kw))
                 r = ds_error(err, -EINVAL,
                         "test moe res: %u pairs of %u x %u in CTAs of 2 x %u warps: not taken",
                         n_pairs, l.in, l.out, kw);
-        if (r == 0)
-                r = dalloc((void **) &l.qw, qb * n_experts, "experts", err);
-        if (r == 0)
-                r = dalloc((void **) &l.sz, sb * n_experts, "experts", err);
-        for (uint32_t e = 0; r == 0 && e < n_experts; e++) {
-                CuLinear v = l;
-                v.qw = (uint4 *) ((char *) l.qw + e * qb);
-                v.sz = (__half2 *) ((char *) l.sz + e * sb);
-                r = awq_repack_part(b, &v, &experts[e], 0, "test moe res", err);
-        }
         if (r == 0)
                 r = dalloc((void **) &xd, n_pairs * K * 4, "x", err);
         if (r == 0)
@@ -3408,23 +3417,15 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
         const uint32_t *expert_of, uint32_t n_pairs, uint32_t x_div, bool reverse, bool grouped,
         const float *x, float *y, DsError *err)
 {
-        const BkLinear *e0 = &experts[0];
-        for (uint32_t e = 0; e < n_experts; e++)
-                if (experts[e].kind != BK_LINEAR_AWQ || experts[e].in != e0->in ||
-                        experts[e].out != e0->out || experts[e].group_size != e0->group_size)
-                        return ds_error(err, -EINVAL, "test experts: expert %u differs", e);
         Backend *b = NULL;
         int r = cuda_create(NULL, &b, err);
         if (r < 0)
                 return r;
         CuLinear l = {};
-        l.awq = true;
-        l.in = e0->in;
-        l.out = e0->out;
-        l.group_size = e0->group_size;
-        l.splits = grouped ? 1 : cu_awq_splits(b->n_sm, l.out, l.in, 6);
-        size_t qb, sb, K = l.in, N = l.out, x_rows = (n_pairs + x_div - 1) / x_div;
-        cu_awq_sizes(l.in, l.out, l.group_size, &qb, &sb);
+        size_t qb = 0, sb = 0;
+        r = test_experts_upload(b, experts, n_experts, &l, &qb, &sb, "test experts", err);
+        l.splits = r == 0 && !grouped ? cu_awq_splits(b->n_sm, l.out, l.in, 6) : 1;
+        size_t K = l.in, N = l.out, x_rows = (n_pairs + x_div - 1) / x_div;
         size_t y_floats = (size_t) l.splits * n_pairs * N;
         uint32_t *off = (uint32_t *) calloc(n_experts + 1, sizeof(uint32_t));
         uint32_t *list = (uint32_t *) calloc(n_pairs + 1, sizeof(uint32_t));
@@ -3446,16 +3447,6 @@ extern "C" int cuda_test_experts(const BkLinear *experts, uint32_t n_experts,
                 off[e] = off[e - 1];
         if (r == 0)
                 off[0] = 0;
-        if (r == 0)
-                r = dalloc((void **) &l.qw, qb * n_experts, "experts", err);
-        if (r == 0)
-                r = dalloc((void **) &l.sz, sb * n_experts, "experts", err);
-        for (uint32_t e = 0; r == 0 && e < n_experts; e++) {
-                CuLinear v = l;
-                v.qw = (uint4 *) ((char *) l.qw + e * qb);
-                v.sz = (__half2 *) ((char *) l.sz + e * sb);
-                r = awq_repack_part(b, &v, &experts[e], 0, "test experts", err);
-        }
         if (r == 0)
                 r = dalloc((void **) &xd, x_rows * K * 4, "x", err);
         if (r == 0)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu_linear.h"
 #include "cuda_backend.h"
 #include "half.h"
 #include "test_util.h"
@@ -142,6 +143,21 @@ static inline BkModel rnd_model(const RndShape *s)
 }
 
 /* ‖a − b‖ / ‖b‖ over n floats, in double. */
+/* The CPU's side of a GEMV that ends in the residual add and the next norm (cu_gemv_res),
+ * then of the linear c after it: xn (n) = w * (h / rms(h)), rms(h) = sqrt(mean h^2 + eps),
+ * and want = xn · C + c's bias (scratch: cpu_linear_scratch_size(c) floats). */
+static inline void cpu_norm_linear(const float *h, const float *w, uint32_t n, float eps,
+        const BkLinear *c, float *xn, float *scratch, float *want)
+{
+        double ss = 0;
+        for (uint32_t i = 0; i < n; i++)
+                ss += (double) h[i] * h[i];
+        float inv = (float) (1.0 / sqrt(ss / n + eps));
+        for (uint32_t i = 0; i < n; i++)
+                xn[i] = w[i] * (h[i] * inv);
+        cpu_linear(c, xn, 1, want, scratch, NULL);
+}
+
 static inline double rel_err(const float *a, const float *b, size_t n)
 {
         double d = 0, r = 0;

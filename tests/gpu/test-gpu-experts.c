@@ -12,9 +12,8 @@
  * CPU and bit for bit against the same token twice. Last, a MoE layer's down at one row
  * ending in the residual add and the next norm (cu_gemv_res_moe: a pair a slice, the last
  * slice in ends it), and the linear after it taking the quantized row, against the CPU's
- * weighted sum of the pairs in pair order. Tolerance: relative error 3e-3 per pair (the GPU rounds x
- * to FP16). */
-#include "cpu_linear.h"
+ * weighted sum of the pairs in pair order. Tolerance: relative error 3e-3 per pair (the GPU rounds
+ * x to FP16). */
 #include "gpu_util.h"
 
 #define TOL     3e-3
@@ -196,15 +195,9 @@ static double check_moe_res(uint32_t in, uint32_t out, uint32_t gs, uint32_t n_p
                 for (uint32_t i = 0; i < out; i++)
                         sum[i] += pair_w[p] * d[i];
         }
-        double ss = 0;
-        for (uint32_t i = 0; i < out; i++) {
-                want_h[i] = h[i] + sum[i];
-                ss += (double) want_h[i] * want_h[i];
-        }
-        float inv = (float) (1.0 / sqrt(ss / out + eps));
         for (uint32_t i = 0; i < out; i++)
-                xn[i] = w[i] * (want_h[i] * inv);
-        cpu_linear(&c, xn, 1, want, scratch, NULL);
+                want_h[i] = h[i] + sum[i];
+        cpu_norm_linear(want_h, w, out, eps, &c, xn, scratch, want);
         for (uint32_t i = 0; i < C; i++)
                 y[i] = NAN;
         CHECK(cuda_test_moe_res(

@@ -9,7 +9,6 @@
  * groups of whole chunks, the INT4 GEMV is the integer one (x quantized to 16 bits a chunk
  * of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on the cuBLAS path the
  * weights, to FP16). */
-#include "cpu_linear.h"
 #include "gpu_util.h"
 
 #define TOL 3e-3
@@ -171,15 +170,9 @@ static double check_res(
 
         /* the linear's own sum first, then the residual, as the CPU backend adds */
         cpu_linear(&l, x, 1, want_h, scratch, NULL);
-        double ss = 0;
-        for (uint32_t i = 0; i < N; i++) {
-                want_h[i] += h[i];
-                ss += (double) want_h[i] * want_h[i];
-        }
-        float inv = (float) (1.0 / sqrt(ss / N + eps));
         for (uint32_t i = 0; i < N; i++)
-                xn[i] = w[i] * (want_h[i] * inv);
-        cpu_linear(&c, xn, 1, want, scratch, NULL);
+                want_h[i] += h[i];
+        cpu_norm_linear(want_h, w, N, eps, &c, xn, scratch, want);
         for (uint32_t i = 0; i < C; i++)
                 y[i] = NAN;
         CHECK(cuda_test_res(&l, splits, kw, &c, x, by16, h, w, eps, y, &err) == 0, "%s", err.msg);
