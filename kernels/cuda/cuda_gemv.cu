@@ -1197,6 +1197,8 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                 if (u == 0)
                         before = atom_add_acq_rel(r.count + blockIdx.x, 1u);
                 __syncthreads();
+                if (mine) /* the staged weights: no copy in flight when the CTA leaves */
+                        cp_async_wait<0>();
                 if (before + 1 != a.splits || !mine)
                         return;
                 if (lane == 0)
