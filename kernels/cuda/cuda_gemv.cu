@@ -1252,7 +1252,7 @@ enum ResX { RES_FP16, RES_QH, RES_MOE };
 static constexpr size_t res_smem(int kw, bool moe)
 {
         return 2 * kw * sizeof(AwqRed) + ((moe ? 1 : RES_MAX_SPLITS) + 2) * RES_COLS * sizeof(float) +
-               RES_MOE_PAIRS * sizeof(float) + 2 * sizeof(uint64_t);
+               (moe ? RES_MOE_PAIRS + 1 : 1) * sizeof(float) + sizeof(uint64_t);
 }
 
 /* The launch of cu_gemv_res for l in S slices of halves of kw warps (its cluster attribute
