@@ -812,7 +812,7 @@ static void lane_wait(Backend *b, cudaEvent_t ev, cudaStream_t from, cudaStream_
 
 /* cu_res_plan for l, or the plan of like, a linear of the same shape planned before (the
  * layers repeat a few shapes, and each plan asks the occupancy of 8 launches). */
-static void res_plan_like(CuLinear *l, const CuLinear **like)
+static void res_plan_like(CuLinear *l, const CuLinear **like, bool wide)
 {
         const CuLinear *p = *like;
         if (p && p->in == l->in && p->out == l->out && p->group_size == l->group_size) {
@@ -820,7 +820,7 @@ static void res_plan_like(CuLinear *l, const CuLinear **like)
                 l->res_kw = p->res_kw;
                 return;
         }
-        cu_res_plan(l);
+        cu_res_plan(l, wide);
         *like = l;
 }
 
@@ -836,10 +836,10 @@ static bool res_plan(Backend *b)
                 if (L->router.out || b->mla)
                         continue;
                 if (cu_qx_takes(&L->gate_up, 1, b->qx.chunks))
-                        res_plan_like(&L->o, &o_like);
+                        res_plan_like(&L->o, &o_like, true);
                 const CuLayer *N = l + 1 < b->cfg.n_layers ? &b->layers[l + 1] : NULL;
                 if (N && cu_qx_takes(&N->qkv, 1, b->qx.chunks))
-                        res_plan_like(&L->down, &down_like);
+                        res_plan_like(&L->down, &down_like, false);
                 any = any || L->o.res_splits || L->down.res_splits;
         }
         return any;

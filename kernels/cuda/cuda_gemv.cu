@@ -1330,20 +1330,27 @@ static bool res_fits(const CuLinear *l, uint32_t S, uint32_t kw, ResX rx)
  * 4), then the wider CTAs; every cluster resident at once (a cluster's CTAs share a GPC, so
  * fewer clusters of 3 may fit than the SMs' slots / 3: 32B's 80 did not at two CTAs an SM),
  * whichever x it takes (a down's may come by 16 k, with a larger slice in shared memory),
- * each warp at least one chunk. */
-void cu_res_plan(CuLinear *l)
+ * each warp at least one chunk. wide: the wider CTAs wherever 2 slices of them fit, before
+ * more slices of the narrower. 32B's o at 2 slices of KW 5 took 7.20 us a layer against
+ * 7.50 at 4 of KW 3 (32B batch 1 -0.6 to -0.7%), while its down at 2 of KW 5 took 28.5
+ * against 20.7 (+9%), and 7B's o at 2 slices instead of 4 of KW 5 was 2% slower
+ * (docs/PERF.md, thirty-fifth session, runs 3-4). */
+void cu_res_plan(CuLinear *l, bool wide)
 {
         l->res_splits = l->res_kw = 0;
         if (!res_takes(l))
                 return;
         uint32_t chunks = div_up(l->in, AWQ_KC);
         const uint32_t kws[] = {RES_KW_MAX, RES_KW_MIN};
-        for (uint32_t kw : kws)
+        for (uint32_t kw : kws) {
+                if (kw != RES_KW_MAX && wide && l->res_splits >= 2)
+                        break;
                 for (uint32_t s = l->res_splits + 1; s <= RES_MAX_SPLITS && chunks >= s * kw; s++)
                         if (res_fits(l, s, kw, RES_FP16) && res_fits(l, s, kw, RES_QH)) {
                                 l->res_splits = s;
                                 l->res_kw = kw;
                         }
+        }
 }
 
 /* The wider CTAs, two an SM: no CTA waits for another, so none need be resident with

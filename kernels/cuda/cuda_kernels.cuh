@@ -349,8 +349,9 @@ void cu_gemv_res(cudaStream_t st, const CuLinear *l, const __half *x, float *h,
 
 /* Sets l->res_splits and l->res_kw for cu_gemv_res, or leaves them 0 where it does not
  * apply: l not AWQ with groups of whole chunks, columns not whole chunks, or more chunks of
- * columns than its clusters that fit on the GPU at once. */
-void cu_res_plan(CuLinear *l);
+ * columns than its clusters that fit on the GPU at once. wide: two CTAs an SM wherever two
+ * slices of them fit (an attention's o), else the most slices that fit. */
+void cu_res_plan(CuLinear *l, bool wide);
 
 /* cu_gemv_res for a MoE layer's down at one row (in place of the expert GEMV and the
  * add_norm after it): l describes expert 0 as cu_gemv_experts's does, and pair p of the
