@@ -144,6 +144,18 @@ typedef struct CudaHandoffBench {
 
 int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
 
+/* Bench hook (cuda_bench_stream.cu): how fast one launch of ctas CTAs of warps warps reads
+ * bytes (an equal share a CTA, whole 1 KB chunks; at most 1 GB) in the GEMVs' load pattern
+ * without their arithmetic. Fills us, from the first CTA's start to the last one's end (the
+ * median of 16 launches over fresh memory), and tbs, the TB/s that makes. */
+typedef struct CudaStreamCase {
+        size_t bytes;
+        uint32_t ctas, warps;
+        double us, tbs;
+} CudaStreamCase;
+
+int cuda_bench_stream(CudaStreamCase *cases, uint32_t n, DsError *err);
+
 /* Bench hook: the decode graph that a step of rows rows last ran, replayed n times back to
  * back with nothing between the replays (the same inputs, so the same work): *us per
  * replay, the step's GPU time without the host's part (planning, the metadata and

@@ -22,25 +22,6 @@ static inline uint32_t div_up(uint32_t a, uint32_t b)
         return (a + b - 1) / b;
 }
 
-/* Weights are read once per step: keep them out of L1 so x and the scales stay there. */
-__device__ __forceinline__ uint4 ld_stream(const uint4 *p)
-{
-        uint4 v;
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-        return v;
-}
-
-__device__ __forceinline__ uint2 ld_stream(const uint2 *p)
-{
-        uint2 v;
-        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
-                     : "=r"(v.x), "=r"(v.y)
-                     : "l"(p));
-        return v;
-}
-
 /* ---------------------------------------------------------------------------------------
  * INT4 x FP16 GEMV for up to 16 rows on tensor cores, streaming the weights.
  *

@@ -123,6 +123,25 @@ __device__ __forceinline__ void pdl_trigger()
         asm volatile("griddepcontrol.launch_dependents;" :::);
 }
 
+/* Weights are read once per step: keep them out of L1 so x and the scales stay there. */
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return v;
+}
+
+__device__ __forceinline__ uint2 ld_stream(const uint2 *p)
+{
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                     : "=r"(v.x), "=r"(v.y)
+                     : "l"(p));
+        return v;
+}
+
 /* Loads cached in L2 only, for data read once per SM (the KV cache): coherent with what
  * the kernel's predecessor wrote (see pdl_wait), and never hoisted above the wait. */
 __device__ __forceinline__ uint4 ld_cg(const uint4 *p)

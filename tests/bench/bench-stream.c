@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/* bench-stream: how fast grids of a few shapes stream a layer's weights with the GEMVs' load
+ * pattern and no arithmetic (cuda_bench_stream). The fused-MoE proposal of
+ * docs/design-notes.md needs to know whether a V2-Lite MoE layer's 34.6 MB (8 pairs of a
+ * gate, an up and a down of 2048 x 1408 at 4 bits) read by one CTA a (pair, run of
+ * intermediate chunks) streams as fast as by a GEMV's grid: 176 CTAs for runs of one chunk of
+ * 64, 88 for runs of two. The same for a 7B dense MLP (105.7 MB) in one CTA an AWQ group of
+ * 128 intermediate columns (148). 264 and 660 CTAs are the H200's 132 SMs at two CTAs of 10
+ * warps and five of 4 (the one-row GEMVs' shapes). Exits 77 without a device. */
+#include <stdio.h>
+
+#include "cuda_backend.h"
+#include "test_util.h"
+
+#define MB(x) ((size_t) ((x) *1e6))
+
+int main(void)
+{
+        if (!cuda_device_present()) {
+                printf("SKIP: no CUDA device\n");
+                return TEST_SKIP;
+        }
+        static const struct {
+                const char *what;
+                CudaStreamCase c;
+        } cases[] = {
+                {"7B gate|up, GEMV grid", {MB(70.5), 660, 4, 0, 0}},
+                {"7B MLP, GEMV grid", {MB(105.7), 264, 10, 0, 0}},
+                {"7B MLP, a CTA a group", {MB(105.7), 148, 10, 0, 0}},
+                {"7B MLP, a CTA a group", {MB(105.7), 148, 16, 0, 0}},
+                {"V2-Lite MoE, GEMV grid", {MB(34.6), 264, 10, 0, 0}},
+                {"V2-Lite MoE, a CTA a chunk", {MB(34.6), 176, 10, 0, 0}},
+                {"V2-Lite MoE, a CTA a chunk", {MB(34.6), 176, 16, 0, 0}},
+                {"V2-Lite MoE, a CTA 2 chunks", {MB(34.6), 88, 10, 0, 0}},
+                {"V2-Lite MoE, a CTA 2 chunks", {MB(34.6), 88, 20, 0, 0}},
+        };
+        enum { N = sizeof(cases) / sizeof(cases[0]) };
+        CudaStreamCase c[N];
+        for (int i = 0; i < N; i++)
+                c[i] = cases[i].c;
+        DsError err = {0};
+        if (cuda_bench_stream(c, N, &err) < 0) {
+                fprintf(stderr, "bench-stream: %s\n", err.msg);
+                return 1;
+        }
+        printf("%-28s %8s %6s %6s %8s %8s %7s\n", "grid", "MB", "CTAs", "warps", "KB/CTA", "us",
+                "TB/s");
+        for (int i = 0; i < N; i++)
+                printf("%-28s %8.1f %6u %6u %8.0f %8.2f %7.2f\n", cases[i].what, c[i].bytes / 1e6,
+                        c[i].ctas, c[i].warps, c[i].bytes / 1024.0 / c[i].ctas, c[i].us, c[i].tbs);
+        return 0;
+}
