@@ -29,13 +29,6 @@ __device__ __forceinline__ long long clock_now()
         return t;
 }
 
-__device__ __forceinline__ uint64_t ns_now()
-{
-        uint64_t t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-        return t;
-}
-
 /* EXCH_ROUNDS rounds in which every block sends a float to every block and adds what it
  * got, each round's value depending on the last; block 0's cycles a round into *cyc. The
  * slots alternate between two sets by round parity, since a block is at most one round
@@ -113,16 +106,16 @@ __global__ void __launch_bounds__(HAND_THREADS) k_produce(const uint4 *w, size_t
         __syncthreads();
         if (threadIdx.x == 0) {
                 out[blockIdx.x] = (float) (red[0] & 1u);
-                ends[blockIdx.x] = ns_now();
+                ends[blockIdx.x] = globaltimer_ns();
         }
 }
 
 /* The consumer: its first block's time at entry and once the wait returns. */
 __global__ void k_consume(const float *out, uint64_t *t)
 {
-        uint64_t t0 = ns_now();
+        uint64_t t0 = globaltimer_ns();
         pdl_wait();
-        uint64_t t1 = ns_now();
+        uint64_t t1 = globaltimer_ns();
         if (blockIdx.x == 0 && threadIdx.x == 0) {
                 t[0] = t0;
                 t[1] = t1;

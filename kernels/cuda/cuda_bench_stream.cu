@@ -17,18 +17,11 @@ extern "C" {
 #define STREAM_WARM     4 /* launches left out of the median */
 #define STREAM_BUFFER   ((size_t) 2 << 30)
 
-__device__ __forceinline__ uint64_t stream_ns()
-{
-        uint64_t t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
-        return t;
-}
-
 /* CTA b reads per_cta uint4s from w + b * per_cta; its start and end (ns) into t[2b..]. */
 __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta, uint32_t *sink,
         uint64_t *t)
 {
-        uint64_t t0 = stream_ns();
+        uint64_t t0 = globaltimer_ns();
         uint32_t warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         size_t chunks = per_cta / 64, c0 = chunks * warp / warps, c1 = chunks * (warp + 1) / warps;
         const uint4 *p = w + (size_t) blockIdx.x * per_cta + lane;
@@ -59,7 +52,7 @@ __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta,
         __syncthreads();
         if (threadIdx.x == 0) {
                 t[2 * blockIdx.x] = t0;
-                t[2 * blockIdx.x + 1] = stream_ns();
+                t[2 * blockIdx.x + 1] = globaltimer_ns();
         }
 }
 

@@ -123,6 +123,14 @@ __device__ __forceinline__ void pdl_trigger()
         asm volatile("griddepcontrol.launch_dependents;" :::);
 }
 
+/* The GPU's nanosecond clock, comparable across SMs (the benches' hooks time grids by it). */
+__device__ __forceinline__ uint64_t globaltimer_ns()
+{
+        uint64_t t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+        return t;
+}
+
 /* Weights are read once per step: keep them out of L1 so x and the scales stay there. */
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
 {
