@@ -4,7 +4,8 @@
  * (two 512-byte loads a chunk, as a tile pair's), STREAM_DEPTH chunks in flight, and keeps
  * only an xor of what it read. The question it answers is the fused-MoE proposal's
  * (docs/design-notes.md): whether fewer, longer CTAs, one a (pair, run of columns), read a
- * layer's experts as fast as the expert GEMV's grid does, and the same for a dense MLP. */
+ * layer's experts' weights as fast as a grid filling every SM does, and the same for a dense
+ * MLP. */
 extern "C" {
 #include "cuda_backend.h"
 }

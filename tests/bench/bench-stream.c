@@ -6,7 +6,8 @@
  * intermediate chunks) streams as fast as by a GEMV's grid: 176 CTAs for runs of one chunk of
  * 64, 88 for runs of two. The same for a 7B dense MLP (105.7 MB) in one CTA an AWQ group of
  * 128 intermediate columns (148). 264 and 660 CTAs are the H200's 132 SMs at two CTAs of 10
- * warps and five of 4 (the one-row GEMVs' shapes). Exits 77 without a device. */
+ * warps (cu_gemv_res's shape) and five of 4 (k_gemv_qx's resident gate|up), for comparison.
+ * Exits 77 without a device. */
 #include <stdio.h>
 
 #include "cuda_backend.h"
@@ -24,11 +25,11 @@ int main(void)
                 const char *what;
                 CudaStreamCase c;
         } cases[] = {
-                {"7B gate|up, GEMV grid", {MB(70.5), 660, 4, 0, 0}},
-                {"7B MLP, GEMV grid", {MB(105.7), 264, 10, 0, 0}},
+                {"7B gate|up, 5 CTAs an SM", {MB(70.5), 660, 4, 0, 0}},
+                {"7B MLP, 2 CTAs an SM", {MB(105.7), 264, 10, 0, 0}},
                 {"7B MLP, a CTA a group", {MB(105.7), 148, 10, 0, 0}},
                 {"7B MLP, a CTA a group", {MB(105.7), 148, 16, 0, 0}},
-                {"V2-Lite MoE, GEMV grid", {MB(34.6), 264, 10, 0, 0}},
+                {"V2-Lite MoE, 2 CTAs an SM", {MB(34.6), 264, 10, 0, 0}},
                 {"V2-Lite MoE, a CTA a chunk", {MB(34.6), 176, 10, 0, 0}},
                 {"V2-Lite MoE, a CTA a chunk", {MB(34.6), 176, 16, 0, 0}},
                 {"V2-Lite MoE, a CTA 2 chunks", {MB(34.6), 88, 10, 0, 0}},

@@ -142,7 +142,6 @@ static inline BkModel rnd_model(const RndShape *s)
         return m;
 }
 
-/* ‖a − b‖ / ‖b‖ over n floats, in double. */
 /* The CPU's side of a GEMV that ends in the residual add and the next norm (cu_gemv_res),
  * then of the linear c after it: xn (n) = w * (h / rms(h)), rms(h) = sqrt(mean h^2 + eps),
  * and want = xn · C + c's bias (scratch: cpu_linear_scratch_size(c) floats). */
@@ -158,6 +157,7 @@ static inline void cpu_norm_linear(const float *h, const float *w, uint32_t n, f
         cpu_linear(c, xn, 1, want, scratch, NULL);
 }
 
+/* ‖a − b‖ / ‖b‖ over n floats, in double. */
 static inline double rel_err(const float *a, const float *b, size_t n)
 {
         double d = 0, r = 0;
