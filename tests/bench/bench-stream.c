@@ -7,6 +7,8 @@
  * 64, 88 for runs of two. The same for a 7B dense MLP (105.7 MB) in one CTA an AWQ group of
  * 128 intermediate columns (148). 264 and 660 CTAs are the H200's 132 SMs at two CTAs of 10
  * warps (cu_gemv_res's shape) and five of 4 (k_gemv_qx's resident gate|up), for comparison.
+ * The 7B and 32B gate|up's bytes also go through one to five CTAs an SM of as many warps in
+ * all: whether another shape of resident CTAs would stream them faster than k_gemv_qx's.
  * Exits 77 without a device. */
 #include <stdio.h>
 
@@ -26,6 +28,14 @@ int main(void)
                 CudaStreamCase c;
         } cases[] = {
                 {"7B gate|up, 5 CTAs an SM", {MB(70.5), 660, 4, 0, 0}},
+                {"7B gate|up, 4 CTAs an SM", {MB(70.5), 528, 5, 0, 0}},
+                {"7B gate|up, 3 CTAs an SM", {MB(70.5), 396, 6, 0, 0}},
+                {"7B gate|up, 2 CTAs an SM", {MB(70.5), 264, 8, 0, 0}},
+                {"7B gate|up, 2 CTAs an SM", {MB(70.5), 264, 10, 0, 0}},
+                {"7B gate|up, a CTA an SM", {MB(70.5), 132, 16, 0, 0}},
+                {"7B gate|up, a CTA an SM", {MB(70.5), 132, 20, 0, 0}},
+                {"32B gate|up, 5 CTAs an SM", {MB(150.2), 660, 4, 0, 0}},
+                {"32B gate|up, 2 CTAs an SM", {MB(150.2), 264, 10, 0, 0}},
                 {"7B MLP, 2 CTAs an SM", {MB(105.7), 264, 10, 0, 0}},
                 {"7B MLP, a CTA a group", {MB(105.7), 148, 10, 0, 0}},
                 {"7B MLP, a CTA a group", {MB(105.7), 148, 16, 0, 0}},
