@@ -663,10 +663,22 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * (three runs). Earlier, from each warp's own copy of the sums, it cost more: in the
  * stream once its last weights were in flight, 32B +1.2%; before the stream, +0.8%
  * (docs/PERF.md, twenty-seventh session). */
-template <bool XS, bool ROPE = false, bool NORM = false>
-__global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
+/* The resident CTAs of the one-row NORM GEMV (a gate|up after a down that ends in the norm)
+ * have QX_WIDE_KW warps, two an SM, where each warp still walks at least QX_WIDE_CHUNKS
+ * chunks of a unit: 32B's gate|up (80 chunks, 10 a warp) took 36.1 us a layer against 37.5
+ * in five CTAs of 4 (32B batch 1 -1.5%), while 7B's (56 chunks, 7 a warp) was 0.5% slower
+ * and 5 or 10 warps lost at both (10 without room for x in shared memory; docs/PERF.md,
+ * thirty-sixth session, run 5). The same bytes stream 4-6% faster in two CTAs of 8-10 warps
+ * an SM than in five of 4 (bench-stream, run 4); a shorter run a warp pays more for each
+ * unit's end (inferred, not profiled). */
+#define QX_WIDE_KW     8
+#define QX_WIDE_CHUNKS 10
+
+template <bool XS, bool ROPE = false, bool NORM = false, int KW = AWQ_KW>
+__global__ void __launch_bounds__(KW * 32, KW == AWQ_KW ? 5 : 2) k_gemv_qx(const AwqArgs a)
 {
-        __shared__ AwqRed red[ROPE ? 1 : 2][AWQ_KW];
+        static_assert(!ROPE || KW == AWQ_KW, "qkv_rope_store: a thread a (register, lane)");
+        __shared__ AwqRed red[ROPE ? 1 : 2][KW];
         extern __shared__ __align__(16) uint4 qx_xs[];
         __shared__ float rope_in[ROPE ? ROPE_IN_MAX * 8 : 1];
         __shared__ __align__(8) uint64_t rope_bar;
@@ -681,7 +693,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
         constexpr int D = AWQ_D;
         uint32_t lane = threadIdx.x % 32, g = lane / 4, t = lane % 4, pr = a.rows;
         uint32_t tile0 = blockIdx.x * AWQ_NT, c0, c1, w0, w1;
-        awq_slice(a, &c0, &c1, &w0, &w1);
+        awq_slice<KW>(a, &c0, &c1, &w0, &w1);
         const uint4 *qp = a.qw + awq_unit(tile0, 0, a.chunks) * 32 + lane;
         const uint2 *sp = (const uint2 *) a.sz + (size_t) tile0 * 8 + g;
         uint32_t group_recs = a.tiles * 8;
@@ -808,7 +820,7 @@ __global__ void __launch_bounds__(AWQ_KW * 32, 5) k_gemv_qx(const AwqArgs a)
                 if constexpr (ROPE)
                         qkv_rope_store(a, cs, pr, red[0], rope_in, &rope_bar, ang);
                 else
-                        awq_store<1, AWQ_KW, true, true>(a, cs, tile0, 0, pr, red[par], false);
+                        awq_store<1, KW, true, true>(a, cs, tile0, 0, pr, red[par], false);
                 if (!more)
                         break;
                 par ^= 1;
@@ -908,19 +920,34 @@ static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
         if (qx && !ids && !off && !list && cu_qx_takes(l, rows, qx->chunks)) {
-                bool xs = qx_takes_xs(rows, slice,
-                        qx->ss ? (const void *) k_gemv_qx<true, false, true>
-                               : (const void *) k_gemv_qx<true>);
-                auto k = qx->ss ? (xs ? k_gemv_qx<true, false, true> : k_gemv_qx<false, false, true>)
-                                : (xs ? k_gemv_qx<true> : k_gemv_qx<false>);
+                /* [wide][norm][xs] */
+                static const void *const ks[2][2][2] = {
+                        {{(const void *) k_gemv_qx<false>, (const void *) k_gemv_qx<true>},
+                                {(const void *) k_gemv_qx<false, false, true>,
+                                        (const void *) k_gemv_qx<true, false, true>}},
+                        {{NULL, NULL},
+                                {(const void *) k_gemv_qx<false, false, true, QX_WIDE_KW>,
+                                        (const void *) k_gemv_qx<true, false, true, QX_WIDE_KW>}}};
+                bool norm = qx->ss != NULL, wide = false;
+                bool xs = qx_takes_xs(rows, slice, ks[0][norm][1]);
+                size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
                 /* above a wave, as many CTAs as are resident at once, which take the units
                  * in turn (7B and 32B gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1%
                  * faster, docs/PERF.md, twenty-sixth session) */
-                size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
-                uint32_t slots = resident_ctas((const void *) k, AWQ_KW * 32, smem);
-                if (grid.y == 1 && grid.z == 1 && slots && grid.x > slots)
+                uint32_t slots = resident_ctas(ks[0][norm][xs], AWQ_KW * 32, smem);
+                bool resident = grid.y == 1 && grid.z == 1 && slots && grid.x > slots;
+                if (resident && norm && slice >= QX_WIDE_KW * QX_WIDE_CHUNKS) {
+                        wide = true;
+                        xs = qx_takes_xs(rows, slice, ks[1][1][1]);
+                        smem = xs ? qx_xs_bytes(rows, slice) : 0;
+                        slots = resident_ctas(ks[1][1][xs], QX_WIDE_KW * 32, smem);
+                }
+                if (resident && slots && grid.x > slots)
                         grid.x = slots;
-                k<<<grid, AWQ_KW * 32, smem, st>>>(a);
+                void *args[] = {&a};
+                /* a failed launch is the step's error, as for the <<<>>> launches */
+                cudaLaunchKernel(ks[wide][norm][xs], grid, dim3((wide ? QX_WIDE_KW : AWQ_KW) * 32),
+                        args, smem, st);
                 return true;
         }
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)
