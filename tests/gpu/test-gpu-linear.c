@@ -269,7 +269,7 @@ int main(void)
         worst = fmax(worst, check_res(512, 4096, 1, 5, false, 40000, false));
         /* the GEMV after them over 80 chunks of K in 864 units, more than a wave: resident
          * CTAs of 8 warps (32B's gate|up; QX_WIDE_KW in cuda_gemv.cu) */
-        worst = fmax(worst, check_res(512, 5120, 2, 5, false, 27648, false));
+        worst = fmax(worst, check_res(512, 5120, 1, 5, false, 27648, false));
         /* down taking hb by 16 k: both widths, slices from L2 (8 and 6 chunks) and in shared
          * memory (64, and 74 at 7B's down) */
         worst = fmax(worst, check_res(512, 512, 2, 3, true, 200, true));
