@@ -3130,7 +3130,7 @@ static int test_experts_upload(Backend *b, const BkLinear *experts, uint32_t n_e
  * comes back. The consumer's FP16 input stays NaN: it must take the quantized row. */
 template <typename Launch>
 static int test_res_consumer(Backend *b, const BkLinear *c, size_t n, float *h, const float *w,
-        float eps, float *y, Launch launch, DsError *err)
+        float eps, float *y, bool *wide, Launch launch, DsError *err)
 {
         CuLinear cd = {};
         float *hd = NULL, *wd = NULL, *yd = NULL;
@@ -3177,6 +3177,8 @@ static int test_res_consumer(Backend *b, const BkLinear *c, size_t n, float *h, 
                 b->qx_res.eps = eps;
                 launch(hd, wd);
                 b->qx_live = b->qx_deferred = true;
+                if (wide)
+                        *wide = cu_qx_wide(&cd, &b->qx_res);
                 uint32_t s = linear(b, &cd, b->xn, 1, yd);
                 cudaError_t e = test_sync(b);
                 if (e == cudaSuccess)
@@ -3197,7 +3199,8 @@ static int test_res_consumer(Backend *b, const BkLinear *c, size_t n, float *h, 
 }
 
 extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
-        const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err)
+        const float *x, bool by16, float *h, const float *w, float eps, float *y, bool *wide,
+        DsError *err)
 {
         Backend *b = NULL;
         CuLinear d = {};
@@ -3242,7 +3245,7 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
                         r = cuda_fail(err, e, "test res input");
         }
         if (r == 0)
-                r = test_res_consumer(b, c, N, h, w, eps, y, [&](float *hd, float *wd) {
+                r = test_res_consumer(b, c, N, h, w, eps, y, wide, [&](float *hd, float *wd) {
                         /* by 16: x16 stays NaN, and the GEMV must take the quantized x */
                         if (by16)
                                 cudaMemsetAsync(x16, 0xff, K * 2, b->st);
@@ -3305,7 +3308,7 @@ extern "C" int cuda_test_moe_res(const BkLinear *experts, uint32_t n_experts,
                         r = cuda_fail(err, e, "test moe res input");
         }
         if (r == 0)
-                r = test_res_consumer(b, c, l.out, h, w, eps, y, [&](float *hd, float *wd) {
+                r = test_res_consumer(b, c, l.out, h, w, eps, y, NULL, [&](float *hd, float *wd) {
                         cu_to_half(b->st, xd, xh, n_pairs * K);
                         cu_gemv_res_moe(b->st, &l, qb / 16, sb / 4, idxd, pwd, xh, (uint32_t) K,
                                 hd, wd, &b->qx_res, partd, countd);

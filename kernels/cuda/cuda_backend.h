@@ -48,9 +48,10 @@ int cuda_test_qkv_rope(const BkLinear *l, uint32_t n_heads, uint32_t n_kv_heads,
  * place, and y (c->out) = (w * h / rms(h)) · C + c's bias, rms(h) = sqrt(mean h^2 + eps).
  * -EINVAL where cu_gemv_res or the integer GEMV does not take l, splits, kw or c. by16: x
  * goes to it quantized by 16 k, as gate|up's GEMV hands hb to down (l->in a multiple of
- * 64). */
+ * 64). *wide: whether c's GEMV ran in the wide resident CTAs of the integer GEMV. */
 int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinear *c,
-        const float *x, bool by16, float *h, const float *w, float eps, float *y, DsError *err);
+        const float *x, bool by16, float *h, const float *w, float eps, float *y, bool *wide,
+        DsError *err);
 
 /* Test hook: a MoE layer's down at one row ending in the residual add and the next norm
  * (cu_gemv_res_moe) in CTAs of 2 kw warps, then the integer GEMV of c taking its output as

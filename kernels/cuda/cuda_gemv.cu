@@ -647,6 +647,17 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
         }
 }
 
+/* The resident CTAs of the one-row NORM GEMV (a gate|up after a down that ends in the norm)
+ * have QX_WIDE_KW warps, two an SM, where each warp still walks at least QX_WIDE_CHUNKS
+ * chunks of a unit: 32B's gate|up (80 chunks, 10 a warp) took 36.1 us a layer against 37.5
+ * in five CTAs of 4 (32B batch 1 -1.5%), while 7B's (56 chunks, 7 a warp) was 0.5% slower
+ * and 5 or 10 warps lost at both (10 without room for x in shared memory; docs/PERF.md,
+ * thirty-sixth session, run 5). The same bytes stream 4-6% faster in two CTAs of 8-10 warps
+ * an SM than in five of 4 (bench-stream, run 4); a shorter run a warp pays more for each
+ * unit's end (inferred, not profiled). */
+#define QX_WIDE_KW     8
+#define QX_WIDE_CHUNKS 10
+
 /* XS: the CTA first copies its slice of the quantized rows into shared memory, as
  * k_gemv_awq does with FP16 x on long slices: read from L2 a chunk ahead by every warp, x
  * made 7B gate|up 5% slower than k_gemv_awq (24.9 against 23.6 us) where qkv, 14 chunks a
@@ -663,17 +674,6 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
  * (three runs). Earlier, from each warp's own copy of the sums, it cost more: in the
  * stream once its last weights were in flight, 32B +1.2%; before the stream, +0.8%
  * (docs/PERF.md, twenty-seventh session). */
-/* The resident CTAs of the one-row NORM GEMV (a gate|up after a down that ends in the norm)
- * have QX_WIDE_KW warps, two an SM, where each warp still walks at least QX_WIDE_CHUNKS
- * chunks of a unit: 32B's gate|up (80 chunks, 10 a warp) took 36.1 us a layer against 37.5
- * in five CTAs of 4 (32B batch 1 -1.5%), while 7B's (56 chunks, 7 a warp) was 0.5% slower
- * and 5 or 10 warps lost at both (10 without room for x in shared memory; docs/PERF.md,
- * thirty-sixth session, run 5). The same bytes stream 4-6% faster in two CTAs of 8-10 warps
- * an SM than in five of 4 (bench-stream, run 4); a shorter run a warp pays more for each
- * unit's end (inferred, not profiled). */
-#define QX_WIDE_KW     8
-#define QX_WIDE_CHUNKS 10
-
 template <bool XS, bool ROPE = false, bool NORM = false, int KW = AWQ_KW>
 __global__ void __launch_bounds__(KW * 32, KW == AWQ_KW ? 5 : 2) k_gemv_qx(const AwqArgs a)
 {
@@ -907,6 +907,51 @@ bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
 
 /* HI: passes of 16 rows, else of 8. Returns whether the integer GEMV ran (k_gemv_qx, the
  * one that takes hq). */
+/* k_gemv_qx's launch for a grid of units (tile pairs, K slices, matrices) of rows rows,
+ * slices of slice chunks, x with the norm's sums or not: the kernel, its warps, its dynamic
+ * shared memory and its CTAs along x. Above a wave, as many CTAs as are resident at once,
+ * which take the units in turn (7B and 32B gate|up, 1.8 and 2.6 waves: batch 1 1.6% and
+ * 1.1% faster, docs/PERF.md, twenty-sixth session), of QX_WIDE_KW warps where the rule
+ * above says. */
+struct QxLaunch {
+        const void *k;
+        uint32_t warps;
+        size_t smem;
+        uint32_t ctas;
+};
+
+static QxLaunch qx_launch(uint32_t rows, uint32_t slice, bool norm, dim3 grid)
+{
+        /* [wide][norm][xs] */
+        static const void *const ks[2][2][2] = {
+                {{(const void *) k_gemv_qx<false>, (const void *) k_gemv_qx<true>},
+                        {(const void *) k_gemv_qx<false, false, true>,
+                                (const void *) k_gemv_qx<true, false, true>}},
+                {{NULL, NULL},
+                        {(const void *) k_gemv_qx<false, false, true, QX_WIDE_KW>,
+                                (const void *) k_gemv_qx<true, false, true, QX_WIDE_KW>}}};
+        bool xs = qx_takes_xs(rows, slice, ks[0][norm][1]);
+        size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
+        uint32_t slots = resident_ctas(ks[0][norm][xs], AWQ_KW * 32, smem);
+        bool resident = grid.y == 1 && grid.z == 1 && slots && grid.x > slots;
+        bool wide = resident && norm && slice >= QX_WIDE_KW * QX_WIDE_CHUNKS;
+        if (wide) {
+                xs = qx_takes_xs(rows, slice, ks[1][1][1]);
+                smem = xs ? qx_xs_bytes(rows, slice) : 0;
+                slots = resident_ctas(ks[1][1][xs], QX_WIDE_KW * 32, smem);
+        }
+        return QxLaunch{ks[wide][norm][xs], (uint32_t) (wide ? QX_WIDE_KW : AWQ_KW), smem,
+                resident && slots && grid.x > slots ? slots : grid.x};
+}
+
+bool cu_qx_wide(const CuLinear *l, const CuQx *qx)
+{
+        uint32_t slice = div_up(div_up(l->in, AWQ_KC), l->splits);
+        return qx->ss && cu_qx_takes(l, 1, qx->chunks) &&
+               qx_launch(1, slice, true, dim3(awq_tiles(l->out) / AWQ_NT, l->splits, 1)).warps ==
+                       QX_WIDE_KW;
+}
+
 static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
@@ -920,34 +965,11 @@ static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t 
         bool g64 = l->group_size % AWQ_KC == 0;
         uint32_t slice = div_up(a.chunks, a.splits);
         if (qx && !ids && !off && !list && cu_qx_takes(l, rows, qx->chunks)) {
-                /* [wide][norm][xs] */
-                static const void *const ks[2][2][2] = {
-                        {{(const void *) k_gemv_qx<false>, (const void *) k_gemv_qx<true>},
-                                {(const void *) k_gemv_qx<false, false, true>,
-                                        (const void *) k_gemv_qx<true, false, true>}},
-                        {{NULL, NULL},
-                                {(const void *) k_gemv_qx<false, false, true, QX_WIDE_KW>,
-                                        (const void *) k_gemv_qx<true, false, true, QX_WIDE_KW>}}};
-                bool norm = qx->ss != NULL, wide = false;
-                bool xs = qx_takes_xs(rows, slice, ks[0][norm][1]);
-                size_t smem = xs ? qx_xs_bytes(rows, slice) : 0;
-                /* above a wave, as many CTAs as are resident at once, which take the units
-                 * in turn (7B and 32B gate|up, 1.8 and 2.6 waves: batch 1 1.6% and 1.1%
-                 * faster, docs/PERF.md, twenty-sixth session) */
-                uint32_t slots = resident_ctas(ks[0][norm][xs], AWQ_KW * 32, smem);
-                bool resident = grid.y == 1 && grid.z == 1 && slots && grid.x > slots;
-                if (resident && norm && slice >= QX_WIDE_KW * QX_WIDE_CHUNKS) {
-                        wide = true;
-                        xs = qx_takes_xs(rows, slice, ks[1][1][1]);
-                        smem = xs ? qx_xs_bytes(rows, slice) : 0;
-                        slots = resident_ctas(ks[1][1][xs], QX_WIDE_KW * 32, smem);
-                }
-                if (resident && slots && grid.x > slots)
-                        grid.x = slots;
+                QxLaunch q = qx_launch(rows, slice, qx->ss != NULL, grid);
+                grid.x = q.ctas;
                 void *args[] = {&a};
                 /* a failed launch is the step's error, as for the <<<>>> launches */
-                cudaLaunchKernel(ks[wide][norm][xs], grid, dim3((wide ? QX_WIDE_KW : AWQ_KW) * 32),
-                        args, smem, st);
+                cudaLaunchKernel(q.k, grid, dim3(q.warps * 32), args, q.smem, st);
                 return true;
         }
         auto k = hi ? (g64 ? k_gemv_awq<true, true, false> : k_gemv_awq<true, false, false>)

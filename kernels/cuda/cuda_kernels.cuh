@@ -337,6 +337,10 @@ bool cu_gemv_qkv_rope(cudaStream_t st, const CuLinear *l, uint32_t rows, const C
  * QX_ROWS rows. */
 bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks);
 
+/* Whether the integer GEMV of one row of l taking qx with the norm's sums (qx->ss) runs in
+ * its wide resident CTAs (QX_WIDE_KW in cuda_gemv.cu): for tests. */
+bool cu_qx_wide(const CuLinear *l, const CuQx *qx);
+
 /* The GEMV of one row x (l->in) into y = x · W + bias that ends in the residual add and the
  * next norm's quantization, in place of cu_gemv and the add_norm after it (o, and down
  * where the next layer is dense): h += y, written back to h, and w * h quantized into qx
