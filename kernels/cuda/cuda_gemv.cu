@@ -650,7 +650,7 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
 /* The resident CTAs of the one-row NORM GEMV (a gate|up after a down that ends in the norm)
  * have QX_WIDE_KW warps, two an SM, where each warp still walks at least QX_WIDE_CHUNKS
  * chunks of a unit: 32B's gate|up (80 chunks, 10 a warp) took 36.1 us a layer against 37.5
- * in five CTAs of 4 (32B batch 1 -1.5%), while 7B's (56 chunks, 7 a warp) was 0.5% slower
+ * in five CTAs of 4 (32B batch 1 -1.2 to -1.5%, two runs), while 7B's (56 chunks, 7 a warp) was 0.5% slower
  * and 5 or 10 warps lost at both (10 without room for x in shared memory; docs/PERF.md,
  * thirty-sixth session, run 5). The same bytes stream 4-6% faster in two CTAs of 8-10 warps
  * an SM than in five of 4 (bench-stream, run 4); a shorter run a warp pays more for each
@@ -905,8 +905,6 @@ bool cu_qx_takes(const CuLinear *l, uint32_t rows, uint32_t chunks)
                (size_t) chunks * AWQ_KC == l->in;
 }
 
-/* HI: passes of 16 rows, else of 8. Returns whether the integer GEMV ran (k_gemv_qx, the
- * one that takes hq). */
 /* k_gemv_qx's launch for a grid of units (tile pairs, K slices, matrices) of rows rows,
  * slices of slice chunks, x with the norm's sums or not: the kernel, its warps, its dynamic
  * shared memory and its CTAs along x. Above a wave, as many CTAs as are resident at once,
@@ -952,6 +950,8 @@ bool cu_qx_wide(const CuLinear *l, const CuQx *qx)
                        QX_WIDE_KW;
 }
 
+/* HI: passes of 16 rows, else of 8. Returns whether the integer GEMV ran (k_gemv_qx, the
+ * one that takes hq). */
 static bool gemv_awq(cudaStream_t st, const CuLinear *l, uint32_t n_mat, size_t qw_units,
         size_t sz_units, const uint32_t *ids, const uint32_t *off, const uint32_t *list,
         uint32_t rows, uint32_t x_div, bool hi, const __half *x, uint32_t ldx, float *y,
