@@ -148,10 +148,14 @@ int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
 /* Bench hook (cuda_bench_stream.cu): how fast one launch of ctas CTAs of warps warps reads
  * bytes (an equal share a CTA, whole 1 KB chunks; at most 1 GB) in the GEMVs' load pattern
  * without their arithmetic. Fills us, from the first CTA's start to the last one's end (the
- * median of 16 launches over fresh memory), and tbs, the TB/s that makes. */
+ * median of 16 launches over fresh memory), and tbs, the TB/s that makes. hot: each timed
+ * launch reads what an untimed launch just read, so the bytes come from L2 where they fit
+ * (at most STREAM_HOT_MAX). */
+#define STREAM_HOT_MAX ((size_t) 40 << 20)
 typedef struct CudaStreamCase {
         size_t bytes;
         uint32_t ctas, warps;
+        bool hot;
         double us, tbs;
 } CudaStreamCase;
 

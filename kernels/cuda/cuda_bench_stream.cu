@@ -64,7 +64,8 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* One case: STREAM_LAUNCHES launches, each over a fresh part of w (2 GB, beyond L2), each
- * timed from its first CTA's start to its last CTA's end. */
+ * timed from its first CTA's start to its last CTA's end; where the case is hot, each after
+ * an untimed launch over the same part. */
 static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink, uint64_t *t,
         uint64_t *host)
 {
@@ -74,6 +75,8 @@ static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink
         cudaError_t e = cudaSuccess;
         for (int r = 0; r < STREAM_LAUNCHES && e == cudaSuccess; r++) {
                 const uint4 *wr = w + (size_t) r * span % (STREAM_BUFFER / sizeof(uint4) - span);
+                if (c->hot)
+                        k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
                 k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
                 e = cudaGetLastError();
                 if (e == cudaSuccess)
@@ -103,11 +106,12 @@ extern "C" int cuda_bench_stream(CudaStreamCase *cases, uint32_t n, DsError *err
         for (uint32_t i = 0; i < n; i++) {
                 if (cases[i].ctas == 0 || cases[i].warps == 0 || cases[i].warps > 32 ||
                         cases[i].bytes / cases[i].ctas < 1024 ||
-                        cases[i].bytes > STREAM_BUFFER / 2)
+                        cases[i].bytes > (cases[i].hot ? STREAM_HOT_MAX : STREAM_BUFFER / 2))
                         return ds_error(err, -EINVAL,
-                                "bench stream: case %u (%zu bytes, %u CTAs of %u warps): not a "
+                                "bench stream: case %u (%zu bytes%s, %u CTAs of %u warps): not a "
                                 "shape it runs",
-                                i, cases[i].bytes, cases[i].ctas, cases[i].warps);
+                                i, cases[i].bytes, cases[i].hot ? " from L2" : "", cases[i].ctas,
+                                cases[i].warps);
                 max_ctas = cases[i].ctas > max_ctas ? cases[i].ctas : max_ctas;
         }
         host = (uint64_t *) malloc(2 * (size_t) max_ctas * sizeof(uint64_t));
