@@ -146,16 +146,23 @@ typedef struct CudaHandoffBench {
 int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
 
 /* Bench hook (cuda_bench_stream.cu): how fast one launch of ctas CTAs of warps warps reads
- * bytes (an equal share a CTA, whole 1 KB chunks; at most 1 GB) in the GEMVs' load pattern
+ * bytes (an equal share a CTA, whole 1 KB chunks; at most 512 MB) in the GEMVs' load pattern
  * without their arithmetic. Fills us, from the first CTA's start to the last one's end (the
- * median of 16 launches over fresh memory), and tbs, the TB/s that makes. hot: each timed
- * launch reads what an untimed launch just read, so the bytes come from L2 where they fit
- * (at most STREAM_HOT_MAX). */
-#define STREAM_HOT_MAX ((size_t) 40 << 20)
+ * median of 16 launches over fresh memory), and tbs, the TB/s that makes. before: what
+ * brought the bytes towards L2 ahead of the timed launch (at most STREAM_L2_MAX of them), and
+ * between: the bytes of other memory streamed after that and before it. */
+#define STREAM_L2_MAX ((size_t) 40 << 20)
+typedef enum CudaStreamBefore {
+        STREAM_NOTHING,   /* the bytes come from DRAM */
+        STREAM_READ,      /* an untimed launch read them */
+        STREAM_PREFETCH,  /* one warp's bulk L2 prefetches (cp.async.bulk.prefetch.L2) */
+        STREAM_KEEP,      /* ... with an evict_last cache policy */
+} CudaStreamBefore;
 typedef struct CudaStreamCase {
         size_t bytes;
         uint32_t ctas, warps;
-        bool hot;
+        CudaStreamBefore before;
+        size_t between;
         double us, tbs;
 } CudaStreamCase;
 

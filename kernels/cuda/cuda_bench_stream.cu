@@ -57,6 +57,36 @@ __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta,
         }
 }
 
+/* Bulk L2 prefetches of bytes from p, 64 KB each, by one warp; KEEP: marked evict_last. */
+template <bool KEEP>
+__global__ void k_prefetch(const char *p, size_t bytes)
+{
+        uint64_t pol = 0;
+        if (KEEP)
+                asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+        for (size_t o = (size_t) threadIdx.x << 16; o < bytes; o += (size_t) blockDim.x << 16) {
+                uint32_t n = (uint32_t) (bytes - o < (1u << 16) ? bytes - o : 1u << 16);
+                if (KEEP)
+                        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
+                                     :
+                                     : "l"(p + o), "r"(n), "l"(pol)
+                                     : "memory");
+                else
+                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                                     :
+                                     : "l"(p + o), "r"(n)
+                                     : "memory");
+        }
+}
+
+/* Holds the stream for ns nanoseconds: the prefetches land before what follows. */
+__global__ void k_idle(uint64_t ns)
+{
+        uint64_t t0 = globaltimer_ns();
+        while (globaltimer_ns() - t0 < ns) {
+        }
+}
+
 static int cmp_double(const void *a, const void *b)
 {
         double x = *(const double *) a, y = *(const double *) b;
@@ -64,19 +94,29 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* One case: STREAM_LAUNCHES launches, each over a fresh part of w (2 GB, beyond L2), each
- * timed from its first CTA's start to its last CTA's end; where the case is hot, each after
- * an untimed launch over the same part. */
+ * timed from its first CTA's start to its last CTA's end, after what c->before says and
+ * c->between bytes of the buffer's other end. */
 static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink, uint64_t *t,
         uint64_t *host)
 {
         size_t per = c->bytes / c->ctas / 1024 * 64; /* whole 1 KB chunks, in uint4s */
-        size_t span = per * c->ctas;
+        size_t span = per * c->ctas, n16 = STREAM_BUFFER / sizeof(uint4);
+        size_t other = c->between / 264 / 1024 * 64;
         double v[STREAM_LAUNCHES];
         cudaError_t e = cudaSuccess;
         for (int r = 0; r < STREAM_LAUNCHES && e == cudaSuccess; r++) {
-                const uint4 *wr = w + (size_t) r * span % (STREAM_BUFFER / sizeof(uint4) - span);
-                if (c->hot)
+                const uint4 *wr = w + (size_t) r * span % (n16 / 2 - span);
+                if (c->before == STREAM_READ)
                         k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
+                if (c->before == STREAM_PREFETCH || c->before == STREAM_KEEP) {
+                        if (c->before == STREAM_KEEP)
+                                k_prefetch<true><<<1, 32>>>((const char *) wr, span * sizeof(uint4));
+                        else
+                                k_prefetch<false><<<1, 32>>>((const char *) wr, span * sizeof(uint4));
+                        k_idle<<<1, 32>>>(20000);
+                }
+                if (other)
+                        k_stream<<<264, 320>>>(w + n16 - 264 * other, other, sink, t);
                 k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
                 e = cudaGetLastError();
                 if (e == cudaSuccess)
@@ -106,12 +146,13 @@ extern "C" int cuda_bench_stream(CudaStreamCase *cases, uint32_t n, DsError *err
         for (uint32_t i = 0; i < n; i++) {
                 if (cases[i].ctas == 0 || cases[i].warps == 0 || cases[i].warps > 32 ||
                         cases[i].bytes / cases[i].ctas < 1024 ||
-                        cases[i].bytes > (cases[i].hot ? STREAM_HOT_MAX : STREAM_BUFFER / 2))
+                        cases[i].bytes > (cases[i].before ? STREAM_L2_MAX : STREAM_BUFFER / 4) ||
+                        cases[i].between > STREAM_BUFFER / 4)
                         return ds_error(err, -EINVAL,
-                                "bench stream: case %u (%zu bytes%s, %u CTAs of %u warps): not a "
-                                "shape it runs",
-                                i, cases[i].bytes, cases[i].hot ? " from L2" : "", cases[i].ctas,
-                                cases[i].warps);
+                                "bench stream: case %u (%zu bytes, %u CTAs of %u warps, %zu "
+                                "between): not a shape it runs",
+                                i, cases[i].bytes, cases[i].ctas, cases[i].warps,
+                                cases[i].between);
                 max_ctas = cases[i].ctas > max_ctas ? cases[i].ctas : max_ctas;
         }
         host = (uint64_t *) malloc(2 * (size_t) max_ctas * sizeof(uint64_t));
