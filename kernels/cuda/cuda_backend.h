@@ -155,7 +155,7 @@ int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
 typedef enum CudaStreamBefore {
         STREAM_NOTHING,   /* the bytes come from DRAM */
         STREAM_READ,      /* an untimed launch read them */
-        STREAM_PREFETCH,  /* one warp's bulk L2 prefetches (cp.async.bulk.prefetch.L2) */
+        STREAM_PREFETCH,  /* bulk L2 prefetches (cp.async.bulk.prefetch.L2), a warp an SM */
         STREAM_KEEP,      /* ... with an evict_last cache policy */
 } CudaStreamBefore;
 typedef struct CudaStreamCase {

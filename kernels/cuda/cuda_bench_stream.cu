@@ -17,6 +17,8 @@ extern "C" {
 #define STREAM_LAUNCHES 20
 #define STREAM_WARM     4 /* launches left out of the median */
 #define STREAM_BUFFER   ((size_t) 2 << 30)
+#define STREAM_PF_WARPS 132    /* a warp an SM issues the bulk prefetches */
+#define STREAM_PF_NS    100000 /* ... and they have 100 us to land */
 
 /* CTA b reads per_cta uint4s from w + b * per_cta; its start and end (ns) into t[2b..]. */
 __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta, uint32_t *sink,
@@ -57,14 +59,15 @@ __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta,
         }
 }
 
-/* Bulk L2 prefetches of bytes from p, 64 KB each, by one warp; KEEP: marked evict_last. */
+/* Bulk L2 prefetches of bytes from p, 64 KB each; KEEP: marked evict_last. */
 template <bool KEEP>
 __global__ void k_prefetch(const char *p, size_t bytes)
 {
         uint64_t pol = 0;
         if (KEEP)
                 asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-        for (size_t o = (size_t) threadIdx.x << 16; o < bytes; o += (size_t) blockDim.x << 16) {
+        for (size_t o = (size_t) (blockIdx.x * blockDim.x + threadIdx.x) << 16; o < bytes;
+                o += (size_t) gridDim.x * blockDim.x << 16) {
                 uint32_t n = (uint32_t) (bytes - o < (1u << 16) ? bytes - o : 1u << 16);
                 if (KEEP)
                         asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;"
@@ -79,7 +82,8 @@ __global__ void k_prefetch(const char *p, size_t bytes)
         }
 }
 
-/* Holds the stream for ns nanoseconds: the prefetches land before what follows. */
+/* Holds the stream for ns nanoseconds, so that the prefetches land before what follows: a
+ * warp's bulk prefetches are not fire and forget, they issue at a fraction of a TB/s. */
 __global__ void k_idle(uint64_t ns)
 {
         uint64_t t0 = globaltimer_ns();
@@ -110,10 +114,12 @@ static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink
                         k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
                 if (c->before == STREAM_PREFETCH || c->before == STREAM_KEEP) {
                         if (c->before == STREAM_KEEP)
-                                k_prefetch<true><<<1, 32>>>((const char *) wr, span * sizeof(uint4));
+                                k_prefetch<true><<<STREAM_PF_WARPS, 32>>>((const char *) wr,
+                                        span * sizeof(uint4));
                         else
-                                k_prefetch<false><<<1, 32>>>((const char *) wr, span * sizeof(uint4));
-                        k_idle<<<1, 32>>>(20000);
+                                k_prefetch<false><<<STREAM_PF_WARPS, 32>>>((const char *) wr,
+                                        span * sizeof(uint4));
+                        k_idle<<<1, 32>>>(STREAM_PF_NS);
                 }
                 if (other)
                         k_stream<<<264, 320>>>(w + n16 - 264 * other, other, sink, t);
