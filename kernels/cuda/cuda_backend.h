@@ -140,6 +140,8 @@ int cuda_bench_awq(uint32_t in, uint32_t out, uint32_t gs, uint32_t rows, uint32
 typedef struct CudaHandoffBench {
         uint32_t cluster[3];
         double sync_cycles[3], send_cycles[3];
+        uint32_t grid_blocks[3]; /* one, two and four blocks an SM */
+        double grid_cycles[3];   /* a grid barrier and a read of another block's word */
         double pdl_ns, launch_ns, clock_mhz;
 } CudaHandoffBench;
 

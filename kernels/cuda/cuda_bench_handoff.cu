@@ -6,7 +6,10 @@
  * - a cluster's all-to-all of one float a block (add_norm's sums of squares): remote
  *   stores then cluster.sync, against cl_send and cl_slots_wait;
  * - a grid's hand-off to the next: from the producer's last block's end to the consumer's
- *   pdl_wait returning (programmatic launch), or to its first block's start (without). */
+ *   pdl_wait returning (programmatic launch), or to its first block's start (without).
+ * And what a persistent decode kernel (docs/design-notes.md) would pay instead of the
+ * second: a barrier of all its resident blocks through one counter in global memory, each
+ * block then reading a word another block wrote before it. */
 extern "C" {
 #include "cuda_backend.h"
 }
@@ -88,6 +91,52 @@ __global__ void __launch_bounds__(256) k_exchange(float *res, long long *cyc)
         cl.sync();
 }
 
+__device__ __forceinline__ void red_add_release(uint32_t *p, uint32_t v)
+{
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t *p)
+{
+        uint32_t v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        return v;
+}
+
+/* EXCH_ROUNDS rounds of a grid barrier: each block's thread 0 stores a float that depends on
+ * the last round, adds one to *count (release) and spins until every block has (acquire),
+ * then reads the next block's float; block 0's cycles a round into *cyc. The floats alternate
+ * between two sets by round parity, as in k_exchange. *count goes up by the grid each round
+ * and is zero at launch. */
+__global__ void __launch_bounds__(128) k_grid_barrier(uint32_t *count, float *slot, float *res,
+        long long *cyc)
+{
+        __shared__ float got;
+        uint32_t g = gridDim.x, b = blockIdx.x;
+        float acc = (float) b;
+        long long t0 = clock_now();
+        for (int it = 0; it < EXCH_ROUNDS; it++) {
+                float *set = slot + (size_t) (it & 1) * g;
+                if (threadIdx.x == 0) {
+                        set[b] = acc * 0.5f;
+                        red_add_release(count, 1);
+                        uint32_t target = (uint32_t) (it + 1) * g;
+                        while (ld_acquire(count) < target) {
+                        }
+                        got = ld_cg(set + (b + 1) % g);
+                }
+                __syncthreads();
+                acc = acc * 0.25f + got;
+                __syncthreads();
+        }
+        long long t1 = clock_now();
+        if (threadIdx.x == 0) {
+                res[b] = acc;
+                if (b == 0)
+                        *cyc = t1 - t0;
+        }
+}
+
 /* A producer: every block streams its share of w (so that the grid ends as a GEMV does,
  * with the memory busy), writes one word and its end time. */
 __global__ void __launch_bounds__(HAND_THREADS) k_produce(const uint4 *w, size_t per, float *out,
@@ -161,6 +210,29 @@ template <bool SEND> static cudaError_t exchange(uint32_t size, float *res, long
         return cudaSuccess;
 }
 
+/* k_grid_barrier over blocks blocks, all resident (a cooperative launch): the median of
+ * its cycles a round. */
+static cudaError_t grid_barrier(uint32_t blocks, uint32_t *count, float *slot, float *res,
+        long long *cyc, double *ret)
+{
+        double v[EXCH_LAUNCHES];
+        for (int r = 0; r < EXCH_LAUNCHES; r++) {
+                long long c = 0;
+                void *args[] = {&count, &slot, &res, &cyc};
+                cudaError_t e = cudaMemset(count, 0, sizeof(uint32_t));
+                if (e == cudaSuccess)
+                        e = cudaLaunchCooperativeKernel((const void *) k_grid_barrier, dim3(blocks),
+                                dim3(128), args, 0, 0);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(&c, cyc, sizeof(c), cudaMemcpyDeviceToHost);
+                if (e != cudaSuccess)
+                        return e;
+                v[r] = (double) c / EXCH_ROUNDS;
+        }
+        *ret = median(v, EXCH_LAUNCHES);
+        return cudaSuccess;
+}
+
 /* The producer (n_sm * 8 blocks, 12 MB, a fresh part of w each launch) and the consumer
  * (n_sm blocks) back to back, the consumer behind a programmatic edge when pdl: the median
  * ns from the producer's last end to the consumer's wait returning (pdl) or its start. */
@@ -205,8 +277,9 @@ static cudaError_t hand_off(bool pdl, uint32_t n_sm, const uint4 *w, size_t w_un
 extern "C" int cuda_bench_handoff(CudaHandoffBench *r, DsError *err)
 {
         int dev = 0, n_sm = 0;
-        float *res = NULL, *out = NULL;
+        float *res = NULL, *out = NULL, *slot = NULL;
         long long *cyc = NULL;
+        uint32_t *count = NULL;
         uint64_t *ends = NULL, *t = NULL;
         uint4 *w = NULL;
         size_t w_bytes = (size_t) 1 << 30;
@@ -214,7 +287,11 @@ extern "C" int cuda_bench_handoff(CudaHandoffBench *r, DsError *err)
         if (e == cudaSuccess)
                 e = cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
         if (e == cudaSuccess)
-                e = cudaMalloc(&res, 8 * sizeof(float));
+                e = cudaMalloc(&res, (size_t) n_sm * 8 * sizeof(float));
+        if (e == cudaSuccess)
+                e = cudaMalloc(&slot, (size_t) n_sm * 8 * sizeof(float));
+        if (e == cudaSuccess)
+                e = cudaMalloc(&count, sizeof(uint32_t));
         if (e == cudaSuccess)
                 e = cudaMalloc(&cyc, sizeof(long long));
         if (e == cudaSuccess)
@@ -234,6 +311,10 @@ extern "C" int cuda_bench_handoff(CudaHandoffBench *r, DsError *err)
                 if (e == cudaSuccess)
                         e = exchange<true>(sizes[i], res, cyc, &r->send_cycles[i]);
         }
+        for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+                r->grid_blocks[i] = (uint32_t) n_sm * (1u << i);
+                e = grid_barrier(r->grid_blocks[i], count, slot, res, cyc, &r->grid_cycles[i]);
+        }
         if (e == cudaSuccess)
                 e = hand_off(true, (uint32_t) n_sm, w, w_bytes / sizeof(uint4), out, ends, t,
                         &r->pdl_ns);
@@ -245,6 +326,8 @@ extern "C" int cuda_bench_handoff(CudaHandoffBench *r, DsError *err)
                 e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev);
         r->clock_mhz = clock_khz / 1000.0;
         cudaFree(res);
+        cudaFree(slot);
+        cudaFree(count);
         cudaFree(cyc);
         cudaFree(out);
         cudaFree(ends);
