@@ -155,10 +155,10 @@ int cuda_bench_handoff(CudaHandoffBench *r, DsError *err);
  * between: the bytes of other memory streamed after that and before it. */
 #define STREAM_L2_MAX ((size_t) 40 << 20)
 typedef enum CudaStreamBefore {
-        STREAM_NOTHING,   /* the bytes come from DRAM */
-        STREAM_READ,      /* an untimed launch read them */
-        STREAM_PREFETCH,  /* bulk L2 prefetches (cp.async.bulk.prefetch.L2), a warp an SM */
-        STREAM_KEEP,      /* ... with an evict_last cache policy */
+        STREAM_NOTHING,  /* the bytes come from DRAM */
+        STREAM_READ,     /* an untimed launch read them */
+        STREAM_PREFETCH, /* bulk L2 prefetches (cp.async.bulk.prefetch.L2), a warp an SM */
+        STREAM_KEEP,     /* ... with an evict_last cache policy */
 } CudaStreamBefore;
 typedef struct CudaStreamCase {
         size_t bytes;
