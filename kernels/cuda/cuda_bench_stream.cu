@@ -17,8 +17,9 @@ extern "C" {
 #define STREAM_LAUNCHES 20
 #define STREAM_WARM     4 /* launches left out of the median */
 #define STREAM_BUFFER   ((size_t) 2 << 30)
-#define STREAM_PF_WARPS 132    /* a warp an SM issues the bulk prefetches */
+#define STREAM_PF_WARPS 132    /* a warp on each of the H200's SMs issues the bulk prefetches */
 #define STREAM_PF_NS    100000 /* ... and they have 100 us to land */
+#define STREAM_OTHER    264    /* the bytes between: two CTAs of 10 warps an SM */
 
 /* CTA b reads per_cta uint4s from w + b * per_cta; its start and end (ns) into t[2b..]. */
 __global__ void __launch_bounds__(1024) k_stream(const uint4 *w, size_t per_cta, uint32_t *sink,
@@ -105,7 +106,7 @@ static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink
 {
         size_t per = c->bytes / c->ctas / 1024 * 64; /* whole 1 KB chunks, in uint4s */
         size_t span = per * c->ctas, n16 = STREAM_BUFFER / sizeof(uint4);
-        size_t other = c->between / 264 / 1024 * 64;
+        size_t other = c->between / STREAM_OTHER / 1024 * 64;
         double v[STREAM_LAUNCHES];
         cudaError_t e = cudaSuccess;
         for (int r = 0; r < STREAM_LAUNCHES && e == cudaSuccess; r++) {
@@ -122,7 +123,8 @@ static cudaError_t stream_case(CudaStreamCase *c, const uint4 *w, uint32_t *sink
                         k_idle<<<1, 32>>>(STREAM_PF_NS);
                 }
                 if (other)
-                        k_stream<<<264, 320>>>(w + n16 - 264 * other, other, sink, t);
+                        k_stream<<<STREAM_OTHER, 320>>>(w + n16 - STREAM_OTHER * other, other,
+                                sink, t);
                 k_stream<<<c->ctas, c->warps * 32>>>(wr, per, sink, t);
                 e = cudaGetLastError();
                 if (e == cudaSuccess)
