@@ -184,6 +184,24 @@ static double median(double *v, size_t n)
         return v[n / 2];
 }
 
+/* The median over EXCH_LAUNCHES launches of block 0's cycles a round, which each launch
+ * leaves in *cyc. */
+template <typename Launch> static cudaError_t cycles_median(Launch launch, long long *cyc, double *ret)
+{
+        double v[EXCH_LAUNCHES];
+        for (int r = 0; r < EXCH_LAUNCHES; r++) {
+                long long c = 0;
+                cudaError_t e = launch();
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(&c, cyc, sizeof(c), cudaMemcpyDeviceToHost);
+                if (e != cudaSuccess)
+                        return e;
+                v[r] = (double) c / EXCH_ROUNDS;
+        }
+        *ret = median(v, EXCH_LAUNCHES);
+        return cudaSuccess;
+}
+
 template <bool SEND> static cudaError_t exchange(uint32_t size, float *res, long long *cyc, double *ret)
 {
         cudaLaunchAttribute at = {};
@@ -196,18 +214,8 @@ template <bool SEND> static cudaError_t exchange(uint32_t size, float *res, long
         cfg.blockDim = dim3(256);
         cfg.attrs = &at;
         cfg.numAttrs = 1;
-        double v[EXCH_LAUNCHES];
-        for (int r = 0; r < EXCH_LAUNCHES; r++) {
-                long long c = 0;
-                cudaError_t e = cudaLaunchKernelEx(&cfg, k_exchange<SEND>, res, cyc);
-                if (e == cudaSuccess)
-                        e = cudaMemcpy(&c, cyc, sizeof(c), cudaMemcpyDeviceToHost);
-                if (e != cudaSuccess)
-                        return e;
-                v[r] = (double) c / EXCH_ROUNDS;
-        }
-        *ret = median(v, EXCH_LAUNCHES);
-        return cudaSuccess;
+        return cycles_median([&] { return cudaLaunchKernelEx(&cfg, k_exchange<SEND>, res, cyc); },
+                cyc, ret);
 }
 
 /* k_grid_barrier over blocks blocks, all resident (a cooperative launch): the median of
@@ -215,22 +223,16 @@ template <bool SEND> static cudaError_t exchange(uint32_t size, float *res, long
 static cudaError_t grid_barrier(uint32_t blocks, uint32_t *count, float *slot, float *res,
         long long *cyc, double *ret)
 {
-        double v[EXCH_LAUNCHES];
-        for (int r = 0; r < EXCH_LAUNCHES; r++) {
-                long long c = 0;
-                void *args[] = {&count, &slot, &res, &cyc};
-                cudaError_t e = cudaMemset(count, 0, sizeof(uint32_t));
-                if (e == cudaSuccess)
-                        e = cudaLaunchCooperativeKernel((const void *) k_grid_barrier, dim3(blocks),
-                                dim3(128), args, 0, 0);
-                if (e == cudaSuccess)
-                        e = cudaMemcpy(&c, cyc, sizeof(c), cudaMemcpyDeviceToHost);
-                if (e != cudaSuccess)
-                        return e;
-                v[r] = (double) c / EXCH_ROUNDS;
-        }
-        *ret = median(v, EXCH_LAUNCHES);
-        return cudaSuccess;
+        return cycles_median(
+                [&] {
+                        void *args[] = {&count, &slot, &res, &cyc};
+                        cudaError_t e = cudaMemset(count, 0, sizeof(uint32_t));
+                        return e != cudaSuccess ? e
+                                                : cudaLaunchCooperativeKernel(
+                                                          (const void *) k_grid_barrier,
+                                                          dim3(blocks), dim3(128), args, 0, 0);
+                },
+                cyc, ret);
 }
 
 /* The producer (n_sm * 8 blocks, 12 MB, a fresh part of w each launch) and the consumer
