@@ -906,8 +906,10 @@ static int scratch_alloc(Backend *b, DsError *err)
                 w16 = MAX(w16, (size_t) b->lm_head.out * b->lm_head.in);
         for (uint32_t l = 0; l < c->n_layers; l++)
                 inter = MAX(inter, (size_t) b->layers[l].s_gu.out / 2);
-        if (b->mla)
+        if (b->mla) {
                 att = MAX(att, (size_t) c->n_heads * c->mla.v_head_dim);
+                part = MAX(part, (size_t) c->n_heads * c->hidden); /* cu_mla_out's slices */
+        }
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
         DALLOC(b->xn, R * k_max * 2, "normed rows");
@@ -1507,8 +1509,9 @@ static void attention_gqa(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
 }
 
 /* Multi-head latent attention (DeepSeek) of the rows from b->xn into b->att, in the
- * absorbed form; only the latent row reaches the cache. */
-static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
+ * absorbed form; only the latent row reaches the cache. At one row, where cu_mla_out
+ * takes o, it goes on through o into b->part instead, and returns o's slices; else 0. */
+static uint32_t attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t rows,
         uint32_t att_grid, bool att_own)
 {
         const BkConfig *c = &b->cfg;
@@ -1552,8 +1555,14 @@ static void attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t row
                                                                       : 1;
         cu_mla_attention(b->st, q, cache, b->meta, att_grid, v_split, b->block_tokens, H, rank,
                 R, a->softmax_scale, b->acc, b->ml);
+        if (rows == 1 && cu_mla_out_takes(&L->o, H, rank, a->v_head_dim)) {
+                cu_mla_out(b->st, &L->o, b->acc, b->ml, b->meta, L->wvt, H, rank, a->v_head_dim,
+                        b->part);
+                return H;
+        }
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);
+        return 0;
 }
 
 /* One of a MoE layer's expert matrices over the step's grouped pairs (b->eids, eoff,
@@ -1790,13 +1799,17 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                                 NULL, qx);
 
                 /* attention: latent (DeepSeek) or grouped-query, into b->att */
+                uint32_t o_done = 0;
                 if (b->mla)
-                        attention_mla(b, L, l, rows, att_grid, att_own);
+                        o_done = attention_mla(b, L, l, rows, att_grid, att_own);
                 else
                         attention_gqa(b, L, l, rows, att_grid, att_own, att_small);
 
                 /* output projection and residual, ffn rmsnorm */
-                if (rows == 1 && L->o.res_splits) {
+                if (o_done) {
+                        b->qx_deferred = false;
+                        s = o_done;
+                } else if (rows == 1 && L->o.res_splits) {
                         cu_gemv_res(b->st, &L->o, b->att, b->x, L->mlp_norm, &b->qx_res, NULL);
                         b->qx_live = b->qx_deferred = true;
                 } else {

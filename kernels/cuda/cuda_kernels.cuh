@@ -373,6 +373,14 @@ void cu_gemv_res_moe(cudaStream_t st, const CuLinear *l, size_t qw_units, size_t
  * groups of whole chunks, columns in whole groups of 4 chunks); else leaves them 0. */
 bool cu_res_plan_moe(CuLinear *l, uint32_t pairs, uint32_t kw);
 
+/* An MLA layer's attention output at one row, from the attention items' partials acc and
+ * ml (cu_mla_attention's) through the combine, W_UV (wvt, cu_mla_split_kvb's) and o, into
+ * H slices of o->out floats in y, to be added in order (by the add_norm after it): three
+ * launches in one. cu_mla_out_takes says where it applies. */
+bool cu_mla_out_takes(const CuLinear *o, uint32_t H, uint32_t rank, uint32_t Vd);
+void cu_mla_out(cudaStream_t st, const CuLinear *o, const float *acc, const float2 *ml,
+        CuMeta meta, const __half *wvt, uint32_t H, uint32_t rank, uint32_t Vd, float *y);
+
 /* Tests: sets l->res_splits and l->res_kw to splits and kw where cu_gemv_res takes them
  * (kw 5 or 3, at most 4 slices, a chunk a warp), whatever cu_res_plan would pick; false,
  * changing nothing, where not. */
