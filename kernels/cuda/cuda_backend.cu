@@ -1558,7 +1558,7 @@ static uint32_t attention_mla(Backend *b, const CuLayer *L, uint32_t l, uint32_t
         if (rows == 1 && cu_mla_out_takes(&L->o, H, rank, a->v_head_dim)) {
                 cu_mla_out(b->st, &L->o, b->acc, b->ml, b->meta, L->wvt, H, rank, a->v_head_dim,
                         b->part);
-                return H;
+                return H / 2;
         }
         cu_attention_combine(b->st, b->acc, b->ml, b->meta, rows, H, rank, b->olat);
         cu_mla_values(b->st, b->olat, L->wvt, rows, H, rank, a->v_head_dim, b->att);

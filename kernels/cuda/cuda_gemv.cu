@@ -1437,18 +1437,20 @@ void cu_gemv_res_moe(cudaStream_t st, const CuLinear *l, size_t qw_units, size_t
  * An MLA layer's way out at one row: the attention's combine, W_UV and o in one launch, in
  * place of three (k_attention_combine, k_mla_values, the o GEMV).
  *
- * One cluster of C = Vd / 16 CTAs a head h. CTA j combines latent dimensions [j rank / C,
- * (j + 1) rank / C) of the row's attention items as k_attention_combine does (the same
- * order, the same bits), and sends them in FP16 to every CTA of the cluster; each then has
- * the head's whole latent row. CTA j then makes value dimensions [16 j, 16 j + 16) as
- * k_mla_values's block (m-tile j, h) does (the same bits again), and sends those, so that
- * each has the head's Vd values, o's K slice for head h. CTA j multiplies them by o's tiles
- * [j T / C, (j + 1) T / C) over that slice, whose weights (like W_UV's) it loaded before
- * its wait, into slice h of y: the H slices are added by the add_norm after it. */
-#define MO_THREADS 128
+ * One cluster of C = Vd / 16 CTAs a pair of heads, a half of each CTA's warps a head. CTA
+ * j combines latent dimensions [j rank / C, (j + 1) rank / C) of both heads as
+ * k_attention_combine does (the same order, the same bits), and sends them in FP16 to every
+ * CTA of the cluster; each then has the heads' whole latent rows. CTA j then makes value
+ * dimensions [16 j, 16 j + 16) of each head as k_mla_values's block (m-tile j, head) does
+ * (the same bits again), and sends those, so that each CTA has the pair's 2 Vd values, o's
+ * K slice for the pair. CTA j multiplies them by o's tiles [j T / C, (j + 1) T / C) over
+ * that slice, whose weights (like W_UV's) it loaded before its wait, into the pair's slice
+ * of y: the H / 2 slices are added by the add_norm after it. */
+#define MO_THREADS       256 /* two heads of MLA_HW warps */
+#define MO_FIRST         32  /* items whose partials load with their (max, sum) */
+#define MO_TPW           2   /* o tiles a warp holds at once (a CTA's share of V2-Lite's o) */
 #define MLA_OUT_RANK_MAX 512
 #define MLA_OUT_VD_MAX   128 /* a cluster of 8 */
-#define MO_TPW     4 /* o tiles a warp holds at once (a CTA's share of V2-Lite's o) */
 
 struct MlaOutArgs {
         const float *acc;       /* the attention items' partials (item, head, rank) */
@@ -1457,49 +1459,51 @@ struct MlaOutArgs {
         const uint4 *wvt;       /* W_UV in mma fragment order (cu_mla_split_kvb) */
         const uint4 *qw;        /* o */
         const uint2 *sz;
-        float *y; /* H slices of N */
+        float *y; /* H / 2 slices of N */
         uint32_t H, rank, Vd, N, tiles, chunks, group_magic;
 };
 
 template <int Q>
 __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
 {
-        __shared__ __align__(16) __half lat_s[MLA_OUT_RANK_MAX]; /* the head's latent row */
-        __shared__ __align__(16) __half v_s[MLA_OUT_VD_MAX];     /* its values */
-        __shared__ __align__(16) __half mine_s[MLA_OUT_RANK_MAX / 2];
-        __shared__ float w_s[MO_THREADS], l_s[MO_THREADS], red_m[MO_THREADS / 32];
-        __shared__ float4 red[MO_THREADS / 32 - 1][32];
+        constexpr uint32_t HT = MO_THREADS / 2, HW = HT / 32; /* a head's threads, warps */
+        __shared__ __align__(16) __half lat_s[2][MLA_OUT_RANK_MAX]; /* the heads' latent rows */
+        __shared__ __align__(16) __half v_s[2 * MLA_OUT_VD_MAX];    /* their values */
+        __shared__ __align__(16) __half mine_s[2][MLA_OUT_RANK_MAX / 4];
+        __shared__ float w_s[2][HT], l_s[2][HT], red_m[2][HW];
+        __shared__ float4 red[2][HW - 1][32];
         __shared__ __align__(8) uint64_t lat_bar, v_bar;
-        uint32_t j = blockIdx.x, h = blockIdx.y, C = gridDim.x, t = threadIdx.x;
-        uint32_t warp = t / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
-        uint32_t dims = a.rank / C, KS = a.rank / 16, KW = KS / 4, ks0 = warp * KW;
+        uint32_t j = blockIdx.x, C = gridDim.x, t = threadIdx.x, hp = t / HT, ht = t % HT;
+        uint32_t h = 2 * blockIdx.y + hp, warp = ht / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
+        uint32_t dims = a.rank / C, KS = a.rank / 16, KW = KS / HW, ks0 = warp * KW;
 
         /* before any load, which the init's fence would wait for */
         if (t == 0) {
-                cl_slots_init(&lat_bar, a.rank * 2);
-                cl_slots_init(&v_bar, a.Vd * 2);
+                cl_slots_init(&lat_bar, 2 * a.rank * 2);
+                cl_slots_init(&v_bar, 2 * a.Vd * 2);
         }
         __cluster_barrier_arrive_relaxed();
 
         /* the constants: W_UV's m-tile j of head h (k_mla_values's warp split), o's first
-         * tiles over head h's chunks, and the row's items */
+         * tiles over the pair's chunks, and the row's items */
         uint4 wa[8];
         const uint4 *wp = a.wvt + (((size_t) h * C + j) * KS + ks0) * 32 + lane;
 #pragma unroll
         for (uint32_t ks = 0; ks < 8; ks++)
                 if (ks < KW)
                         wa[ks] = __ldg(wp + ks * 32);
-        uint32_t TC = a.tiles / C, CH = a.Vd / AWQ_KC, ch0 = h * CH;
-        uint4 oq[MO_TPW][2];
-        uint2 orec[MO_TPW][2][Q];
+        uint32_t TC = a.tiles / C, CH = 2 * a.Vd / AWQ_KC, ch0 = blockIdx.y * CH;
+        uint32_t ow = t / 32, OW = MO_THREADS / 32;
+        uint4 oq[MO_TPW][4];
+        uint2 orec[MO_TPW][4][Q];
         auto load_o = [&](uint32_t i0) {
 #pragma unroll
                 for (uint32_t i = 0; i < MO_TPW; i++) {
-                        uint32_t k = warp + 4 * (i0 + i), tile = j * TC + k;
+                        uint32_t k = ow + OW * (i0 + i), tile = j * TC + k;
                         if (k >= TC)
                                 break;
 #pragma unroll
-                        for (uint32_t c = 0; c < 2; c++) {
+                        for (uint32_t c = 0; c < 4; c++) {
                                 if (c >= CH)
                                         break;
                                 uint32_t ch = ch0 + c;
@@ -1518,36 +1522,51 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
         pdl_wait();
         pdl_trigger();
 
-        /* the combine of dimension j dims + t (k_attention_combine's arithmetic) */
+        /* the combine of head h's dimension j dims + ht (k_attention_combine's
+         * arithmetic), the first items' partials loading with their (max, sum) */
         size_t stride = (size_t) a.H * a.rank;
         const float2 *mlh = a.ml + (size_t) ri.x * a.H + h;
-        float m = -FLT_MAX;
-        for (uint32_t i = t; i < ri.y; i += MO_THREADS)
+        const float *ap = a.acc + ((size_t) ri.x * a.H + h) * a.rank + j * dims + ht;
+        bool mine = ht < dims;
+        float v0[MO_FIRST];
+#pragma unroll
+        for (uint32_t k = 0; k < MO_FIRST; k++)
+                v0[k] = mine && k < ri.y ? ap[(size_t) k * stride] : 0.0f;
+        float2 e0 = ht < ri.y ? mlh[(size_t) ht * a.H] : make_float2(-FLT_MAX, 0.0f);
+        float m = e0.x;
+        for (uint32_t i = ht + HT; i < ri.y; i += HT)
                 m = fmaxf(m, mlh[(size_t) i * a.H].x);
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1)
                 m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
         if (lane == 0)
-                red_m[warp] = m;
+                red_m[hp][warp] = m;
         __syncthreads();
-        for (uint32_t w = 0; w < MO_THREADS / 32; w++)
-                m = fmaxf(m, red_m[w]);
+        for (uint32_t w = 0; w < HW; w++)
+                m = fmaxf(m, red_m[hp][w]);
         float acc = 0.0f, l = 0.0f;
-        const float *ap = a.acc + ((size_t) ri.x * a.H + h) * a.rank + j * dims + t;
-        for (uint32_t c0 = 0; c0 < ri.y; c0 += MO_THREADS) {
-                uint32_t nc = min((uint32_t) MO_THREADS, ri.y - c0);
+        for (uint32_t c0 = 0; c0 < ri.y; c0 += HT) {
+                uint32_t nc = min(HT, ri.y - c0);
                 __syncthreads(); /* the previous chunk's readers are done */
-                if (t < nc) {
-                        float2 e = mlh[(size_t) (c0 + t) * a.H];
-                        w_s[t] = expf(e.x - m);
-                        l_s[t] = w_s[t] * e.y;
+                if (ht < nc) {
+                        float2 e = c0 == 0 ? e0 : mlh[(size_t) (c0 + ht) * a.H];
+                        w_s[hp][ht] = expf(e.x - m);
+                        l_s[hp][ht] = w_s[hp][ht] * e.y;
                 }
                 __syncthreads();
                 for (uint32_t i = 0; i < nc; i++)
-                        l += l_s[i];
-                if (t >= dims)
+                        l += l_s[hp][i];
+                if (!mine)
                         continue;
-                for (uint32_t i = 0; i < nc; i += 16) {
+                uint32_t i = 0;
+                if (c0 == 0) {
+#pragma unroll
+                        for (uint32_t k = 0; k < MO_FIRST; k++)
+                                if (k < nc)
+                                        acc += w_s[hp][k] * v0[k];
+                        i = MO_FIRST;
+                }
+                for (; i < nc; i += 16) {
                         float v[16];
 #pragma unroll
                         for (uint32_t k = 0; k < 16; k++)
@@ -1555,27 +1574,27 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
 #pragma unroll
                         for (uint32_t k = 0; k < 16; k++)
                                 if (i + k < nc)
-                                        acc += w_s[i + k] * v[k];
+                                        acc += w_s[hp][i + k] * v[k];
                 }
         }
-        if (t < dims)
-                mine_s[t] = __float2half(acc / l);
+        if (mine)
+                mine_s[hp][ht] = __float2half(acc / l);
         __syncthreads();
         /* the pieces to every CTA of the cluster, once all have started (the entry's
          * arrival) */
         __cluster_barrier_wait();
         uint32_t pieces = dims / 8;
-        if (t < pieces * C) {
-                uint32_t p = t % pieces;
-                cl_send4((float4 *) (lat_s + j * dims + 8 * p), &lat_bar, t / pieces,
-                        *(const float4 *) (mine_s + 8 * p));
+        if (t < 2 * pieces * C) {
+                uint32_t p = t % pieces, hh = t / pieces % 2;
+                cl_send4((float4 *) (&lat_s[hh][j * dims + 8 * p]), &lat_bar, t / (2 * pieces),
+                        *(const float4 *) (&mine_s[hh][8 * p]));
         }
         cl_slots_wait(&lat_bar);
 
-        /* value dimensions 16 j .. 16 j + 16 (k_mla_values's arithmetic, row 0 of the
-         * mma's n; the other rows are zero) */
+        /* head h's value dimensions 16 j .. 16 j + 16 (k_mla_values's arithmetic, row 0 of
+         * the mma's n; the other rows are zero) */
         float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const __half *bp = lat_s + 16 * ks0 + 2 * tq;
+        const __half *bp = lat_s[hp] + 16 * ks0 + 2 * tq;
 #pragma unroll
         for (uint32_t ks = 0; ks < 8; ks++) {
                 if (ks >= KW)
@@ -1586,47 +1605,48 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
                 mma16816(c, r, b0, b1);
         }
         if (warp > 0)
-                red[warp - 1][lane] = make_float4(c[0], c[1], c[2], c[3]);
+                red[hp][warp - 1][lane] = make_float4(c[0], c[1], c[2], c[3]);
         __syncthreads();
         if (warp == 0) {
-                for (uint32_t w = 1; w < MO_THREADS / 32; w++) {
-                        float4 o = red[w - 1][lane];
+                for (uint32_t w = 1; w < HW; w++) {
+                        float4 o = red[hp][w - 1][lane];
                         c[0] += o.x;
                         c[1] += o.y;
                         c[2] += o.z;
                         c[3] += o.w;
                 }
                 if (tq == 0) {
-                        mine_s[g] = __float2half(c[0]);
-                        mine_s[g + 8] = __float2half(c[2]);
+                        mine_s[hp][g] = __float2half(c[0]);
+                        mine_s[hp][g + 8] = __float2half(c[2]);
                 }
                 __syncwarp();
                 if (lane < 2 * C)
-                        cl_send4((float4 *) (v_s + 16 * j + 8 * (lane % 2)), &v_bar, lane / 2,
-                                *(const float4 *) (mine_s + 8 * (lane % 2)));
+                        cl_send4((float4 *) (v_s + hp * a.Vd + 16 * j + 8 * (lane % 2)), &v_bar,
+                                lane / 2, *(const float4 *) (&mine_s[hp][8 * (lane % 2)]));
         }
         cl_slots_wait(&v_bar);
 
-        /* o's tiles over head h's K: x fragments of row 0 (the mma's other rows zero) */
-        uint2 xq[2][1][4];
+        /* o's tiles over the pair's K: x fragments of row 0 (the mma's other rows zero) */
+        uint2 xq[4][1][4];
 #pragma unroll
-        for (uint32_t cc = 0; cc < 2; cc++)
+        for (uint32_t cc = 0; cc < 4; cc++)
 #pragma unroll
                 for (uint32_t s = 0; s < 4; s++)
-                        xq[cc][0][s] = g == 0 && cc < CH ? *(const uint2 *) (v_s + 64 * cc + 16 * s + 4 * tq)
-                                                         : make_uint2(0, 0);
-        float *y = a.y + (size_t) h * a.N;
-        for (uint32_t i0 = 0; warp + 4 * i0 < TC; i0 += MO_TPW) {
+                        xq[cc][0][s] = g == 0 && cc < CH
+                                               ? *(const uint2 *) (v_s + 64 * cc + 16 * s + 4 * tq)
+                                               : make_uint2(0, 0);
+        float *y = a.y + (size_t) blockIdx.y * a.N;
+        for (uint32_t i0 = 0; ow + OW * i0 < TC; i0 += MO_TPW) {
                 if (i0 > 0)
                         load_o(i0);
 #pragma unroll
                 for (uint32_t i = 0; i < MO_TPW; i++) {
-                        uint32_t k = warp + 4 * (i0 + i), tile = j * TC + k;
+                        uint32_t k = ow + OW * (i0 + i), tile = j * TC + k;
                         if (k >= TC)
                                 break;
                         float o[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-                        for (uint32_t cc = 0; cc < 2; cc++)
+                        for (uint32_t cc = 0; cc < 4; cc++)
                                 if (cc < CH)
                                         awq_tile<1, Q>(oq[i][cc], orec[i][cc], xq[cc], o);
                         uint32_t col = tile * AWQ_TN + g;
@@ -1641,9 +1661,10 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
 bool cu_mla_out_takes(const CuLinear *o, uint32_t H, uint32_t rank, uint32_t Vd)
 {
         uint32_t C = Vd / 16, tiles = awq_tiles(o->out);
-        return o->awq && o->in == H * Vd && Vd % AWQ_KC == 0 && Vd <= MLA_OUT_VD_MAX &&
-               rank % 64 == 0 && rank <= MLA_OUT_RANK_MAX && rank / C <= MO_THREADS &&
-               rank / C % 8 == 0 && tiles % C == 0 && o->group_size % 32 == 0;
+        return o->awq && H % 2 == 0 && o->in == H * Vd && Vd % AWQ_KC == 0 &&
+               Vd <= MLA_OUT_VD_MAX && rank % 64 == 0 && rank <= MLA_OUT_RANK_MAX &&
+               rank / C <= MLA_OUT_RANK_MAX / 4 && rank / C % 8 == 0 && tiles % C == 0 &&
+               o->group_size % 32 == 0;
 }
 
 void cu_mla_out(cudaStream_t st, const CuLinear *o, const float *acc, const float2 *ml,
@@ -1658,7 +1679,7 @@ void cu_mla_out(cudaStream_t st, const CuLinear *o, const float *acc, const floa
         at.val.clusterDim.y = 1;
         at.val.clusterDim.z = 1;
         cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(Vd / 16, H, 1);
+        cfg.gridDim = dim3(Vd / 16, H / 2, 1);
         cfg.blockDim = dim3(MO_THREADS);
         cfg.stream = st;
         cfg.attrs = &at;

@@ -375,7 +375,7 @@ bool cu_res_plan_moe(CuLinear *l, uint32_t pairs, uint32_t kw);
 
 /* An MLA layer's attention output at one row, from the attention items' partials acc and
  * ml (cu_mla_attention's) through the combine, W_UV (wvt, cu_mla_split_kvb's) and o, into
- * H slices of o->out floats in y, to be added in order (by the add_norm after it): three
+ * H / 2 slices of o->out floats in y, to be added in order (by the add_norm after it): three
  * launches in one. cu_mla_out_takes says where it applies. */
 bool cu_mla_out_takes(const CuLinear *o, uint32_t H, uint32_t rank, uint32_t Vd);
 void cu_mla_out(cudaStream_t st, const CuLinear *o, const float *acc, const float2 *ml,
