@@ -3275,6 +3275,93 @@ extern "C" int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, co
         return r;
 }
 
+extern "C" int cuda_test_mla_out(const BkLinear *o, const uint16_t *wuv, uint32_t H,
+        uint32_t rank, uint32_t Vd, uint32_t n_items, const float *acc, const float *ml, float *y,
+        DsError *err)
+{
+        Backend *b = NULL;
+        CuLinear d = {};
+        const uint32_t P = 16; /* W_UK's rows of kv_b, zero here */
+        size_t n_acc = (size_t) n_items * H * rank, n_w = (size_t) H * (P + Vd) * rank;
+        size_t slices = H / 2, N = o->out;
+        __half *w16 = NULL, *wk = NULL, *wvt = NULL;
+        float *accd = NULL, *mld = NULL, *yd = NULL;
+        uint2 *items = NULL;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        const BkLinear *parts[] = {o};
+        r = upload_linear(b, parts, 1, true, &d, "test mla out", err);
+        if (r == 0 && !cu_mla_out_takes(&d, H, rank, Vd))
+                r = ds_error(err, -EINVAL, "test mla out: %u heads of rank %u, Vd %u, o %zu: not taken",
+                        H, rank, Vd, N);
+        if (r == 0)
+                r = dalloc((void **) &w16, n_w * 2, "kv_b", err);
+        if (r == 0)
+                r = dalloc((void **) &wk, (size_t) H * P * rank * 2, "wk", err);
+        if (r == 0)
+                r = dalloc((void **) &wvt, (size_t) H * Vd * rank * 2, "wvt", err);
+        if (r == 0)
+                r = dalloc((void **) &accd, n_acc * 4, "acc", err);
+        if (r == 0)
+                r = dalloc((void **) &mld, (size_t) n_items * H * 8, "ml", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, slices * N * 4, "y", err);
+        if (r == 0)
+                r = dalloc((void **) &items, sizeof(uint2), "items", err);
+        uint16_t *wh = (uint16_t *) calloc(n_w, 2);
+        float *yh = (float *) malloc(slices * N * 4);
+        if (r == 0 && (!wh || !yh))
+                r = ds_error(err, -ENOMEM, "out of memory");
+        if (r == 0) {
+                for (uint32_t h = 0; h < H; h++)
+                        memcpy(wh + ((size_t) h * (P + Vd) + P) * rank, wuv + (size_t) h * Vd * rank,
+                                (size_t) Vd * rank * 2);
+                uint2 it = {0, n_items};
+                cudaError_t e = cudaMemcpy(w16, wh, n_w * 2, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(accd, acc, n_acc * 4, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(mld, ml, (size_t) n_items * H * 8, cudaMemcpyHostToDevice);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(items, &it, sizeof(it), cudaMemcpyHostToDevice);
+                /* poison: a slice element the kernel did not write shows as NaN */
+                if (e == cudaSuccess)
+                        e = cudaMemset(yd, 0xff, slices * N * 4);
+                if (e == cudaSuccess) {
+                        CuMeta meta = {};
+                        meta.row_items = items;
+                        cu_mla_split_kvb(b->st, w16, H, P, Vd, rank, wk, wvt);
+                        cu_mla_out(b->st, &d, accd, (const float2 *) mld, meta, wvt, H, rank, Vd,
+                                yd);
+                        e = cudaStreamSynchronize(b->st);
+                }
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(yh, yd, slices * N * 4, cudaMemcpyDeviceToHost);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test mla out");
+        }
+        if (r == 0)
+                for (size_t i = 0; i < N; i++) {
+                        float v = 0.0f;
+                        for (size_t s = 0; s < slices; s++)
+                                v += yh[s * N + i];
+                        y[i] = v;
+                }
+        free(wh);
+        free(yh);
+        dfree(w16);
+        dfree(wk);
+        dfree(wvt);
+        dfree(accd);
+        dfree(mld);
+        dfree(yd);
+        dfree(items);
+        linear_free(&d);
+        cuda_free(b);
+        return r;
+}
+
 extern "C" int cuda_test_moe_res(const BkLinear *experts, uint32_t n_experts,
         const uint32_t *expert_of, const float *pair_w, uint32_t n_pairs, uint32_t kw,
         const BkLinear *c, const float *x, float *h, const float *w, float eps, float *y,

@@ -53,6 +53,14 @@ int cuda_test_res(const BkLinear *l, uint32_t splits, uint32_t kw, const BkLinea
         const float *x, bool by16, float *h, const float *w, float eps, float *y, bool *wide,
         DsError *err);
 
+/* Test hook: an MLA layer's attention output at one row (cu_mla_out): n_items attention
+ * items' partials acc (item, H, rank) with their (max, sum) pairs ml (item, H, 2) merged
+ * per head, each head's latent row times W_UV (wuv: FP16 (H, Vd, rank)), and the H Vd
+ * values times the AWQ linear o, into y (o->out). -EINVAL where cu_mla_out does not take
+ * the shape. */
+int cuda_test_mla_out(const BkLinear *o, const uint16_t *wuv, uint32_t H, uint32_t rank,
+        uint32_t Vd, uint32_t n_items, const float *acc, const float *ml, float *y, DsError *err);
+
 /* Test hook: a MoE layer's down at one row ending in the residual add and the next norm
  * (cu_gemv_res_moe) in CTAs of 2 kw warps, then the integer GEMV of c taking its output as
  * cuda_test_res's: pair p < n_pairs multiplies row p of x (n_pairs, in) by the AWQ linear

@@ -2,6 +2,8 @@
 /* DeepSeek MLA + MoE on the CUDA backend against the CPU backend, on random models of
  * three kinds (V2 greedy softmax routing without q LoRA; V2 group-limited with two shared
  * experts; V3 noaux_tc sigmoid routing with q LoRA and a score bias):
+ *  - an MLA layer's attention output at one row in one launch (cu_mla_out) against the
+ *    same arithmetic in double, on five shapes (check_mla_out);
  *  - the router kernel on 4096 random rows: the same experts as cpu_moe_route wherever
  *    the k-th and (k+1)-th choice values are further apart than rounding (1e-5), weights
  *    within 1e-5 relative;
@@ -207,6 +209,67 @@ static void check_routing(const BkMoeConfig *mc, const float *bias)
         free(scratch);
 }
 
+/* An MLA layer's attention output at one row (cu_mla_out: the combine of n_items items'
+ * partials, W_UV, o in one launch) against the same arithmetic in double on the CPU, with
+ * o by cpu_linear: relative error under 3e-3 (the GPU rounds the latent rows and the values
+ * to FP16, as the three kernels it replaces did). */
+static void check_mla_out(
+        uint32_t H, uint32_t rank, uint32_t Vd, uint32_t gs, uint32_t N, uint32_t n_items)
+{
+        DsError err = {0};
+        BkLinear o = rnd_linear(true, H * Vd, N, gs, false, BK_DT_F16);
+        uint16_t *wuv = rnd_f16(
+                (size_t) H * Vd * rank, -2.0f / sqrtf((float) rank), 2.0f / sqrtf((float) rank));
+        float *acc = rnd_f32((size_t) n_items * H * rank, -1.0f, 1.0f);
+        float *ml = (float *) rnd_alloc((size_t) n_items * H * 8);
+        float *v = (float *) rnd_alloc((size_t) H * Vd * 4);
+        double *lat = (double *) rnd_alloc((size_t) rank * 8);
+        float *want = (float *) rnd_alloc((size_t) N * 4),
+              *got = (float *) rnd_alloc((size_t) N * 4);
+        float *scratch = (float *) rnd_alloc(cpu_linear_scratch_size(&o) * 4);
+
+        /* an item's running max and its sum of exponentials (at least its max's 1) */
+        for (size_t i = 0; i < (size_t) n_items * H; i++) {
+                ml[2 * i] = rnd_f(-6.0f, 6.0f);
+                ml[2 * i + 1] = rnd_f(1.0f, 8.0f);
+        }
+        for (uint32_t h = 0; h < H; h++) {
+                double m = -INFINITY, l = 0;
+                for (uint32_t i = 0; i < n_items; i++)
+                        m = fmax(m, ml[2 * ((size_t) i * H + h)]);
+                memset(lat, 0, (size_t) rank * 8);
+                for (uint32_t i = 0; i < n_items; i++) {
+                        const float *e = ml + 2 * ((size_t) i * H + h);
+                        double w = exp(e[0] - m);
+                        l += w * e[1];
+                        for (uint32_t d = 0; d < rank; d++)
+                                lat[d] += w * acc[((size_t) i * H + h) * rank + d];
+                }
+                for (uint32_t k = 0; k < Vd; k++) {
+                        double s = 0;
+                        for (uint32_t d = 0; d < rank; d++)
+                                s += f16_to_f32(wuv[((size_t) h * Vd + k) * rank + d]) * lat[d] / l;
+                        v[h * Vd + k] = (float) s;
+                }
+        }
+        cpu_linear(&o, v, 1, want, scratch, NULL);
+        CHECK(cuda_test_mla_out(&o, wuv, H, rank, Vd, n_items, acc, ml, got, &err) == 0, "%s",
+                err.msg);
+        double e = rel_err(got, want, N);
+        printf("mla out: %u heads, rank %u, Vd %u, groups of %u, o to %u, %u items: relative "
+               "error %.3g\n",
+                H, rank, Vd, gs, N, n_items, e);
+        CHECK(e < 3e-3, "mla out of %u heads, %u items: relative error %.3g", H, n_items, e);
+        free(wuv);
+        free(acc);
+        free(ml);
+        free(v);
+        free(lat);
+        free(want);
+        free(got);
+        free(scratch);
+}
+
 /* Over the whole test: rows compared, rows counted as routing flips, rows after a flip in
  * their sequence, and the squared differences and references of the clean rows. */
 static uint32_t n_rows, n_flips, n_tainted;
@@ -342,6 +405,14 @@ int main(void)
         double worst = 0;
 
         gpu_require();
+        /* V2-Lite's shape at its bench context; one item; more items than load with their
+         * (max, sum) pairs and more o tiles than a warp holds at once (clusters of 4); more
+         * than a chunk of items, 20 heads, groups of 32; the smallest rank */
+        check_mla_out(16, 512, 128, 128, 2048, 17);
+        check_mla_out(16, 512, 128, 128, 2048, 1);
+        check_mla_out(4, 256, 64, 64, 2048, 40);
+        check_mla_out(20, 256, 64, 32, 320, 150);
+        check_mla_out(2, 64, 64, 128, 256, 5);
         for (size_t i = 0; i < ELEMENTSOF(routers); i++) {
                 float *bias = routers[i].topk_method == BK_TOPK_NOAUX_TC
                                       ? rnd_f32(routers[i].n_routed, -0.1f, 0.1f)
