@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The GEMVs (INT4 AWQ up to 16 rows, and per MoE expert through shared-memory stages; dense
- * FP16 up to GEMV_ROWS), the grouped INT4 GEMM of MoE experts with many rows, the AWQ
- * repack that lays the weights out for them, and the dequantization the cuBLAS path
- * multiplies (see cuda_kernels.cuh). */
+ * FP16 up to GEMV_ROWS; an MLA layer's o at one row with its input made in its prologue),
+ * the grouped INT4 GEMM of MoE experts with many rows, the AWQ repack that lays the weights
+ * out for them, and the dequantization the cuBLAS path multiplies (see cuda_kernels.cuh). */
 extern "C" {
 #include "cuda_backend.h"
 }
