@@ -908,7 +908,7 @@ static int scratch_alloc(Backend *b, DsError *err)
                 inter = MAX(inter, (size_t) b->layers[l].s_gu.out / 2);
         if (b->mla) {
                 att = MAX(att, (size_t) c->n_heads * c->mla.v_head_dim);
-                part = MAX(part, (size_t) c->n_heads * c->hidden); /* cu_mla_out's slices */
+                part = MAX(part, (size_t) c->n_heads / 2 * c->hidden); /* cu_mla_out's slices */
         }
 
         DALLOC(b->x, R * c->hidden * 4, "residual");
