@@ -3293,8 +3293,9 @@ extern "C" int cuda_test_mla_out(const BkLinear *o, const uint16_t *wuv, uint32_
         const BkLinear *parts[] = {o};
         r = upload_linear(b, parts, 1, true, &d, "test mla out", err);
         if (r == 0 && !cu_mla_out_takes(&d, H, rank, Vd))
-                r = ds_error(err, -EINVAL, "test mla out: %u heads of rank %u, Vd %u, o %zu: not taken",
-                        H, rank, Vd, N);
+                r = ds_error(err, -EINVAL,
+                        "test mla out: %u heads of rank %u, Vd %u, o %zu: not taken", H, rank, Vd,
+                        N);
         if (r == 0)
                 r = dalloc((void **) &w16, n_w * 2, "kv_b", err);
         if (r == 0)
@@ -3315,8 +3316,8 @@ extern "C" int cuda_test_mla_out(const BkLinear *o, const uint16_t *wuv, uint32_
                 r = ds_error(err, -ENOMEM, "out of memory");
         if (r == 0) {
                 for (uint32_t h = 0; h < H; h++)
-                        memcpy(wh + ((size_t) h * (P + Vd) + P) * rank, wuv + (size_t) h * Vd * rank,
-                                (size_t) Vd * rank * 2);
+                        memcpy(wh + ((size_t) h * (P + Vd) + P) * rank,
+                                wuv + (size_t) h * Vd * rank, (size_t) Vd * rank * 2);
                 uint2 it = {0, n_items};
                 cudaError_t e = cudaMemcpy(w16, wh, n_w * 2, cudaMemcpyHostToDevice);
                 if (e == cudaSuccess)

@@ -651,11 +651,11 @@ __device__ __forceinline__ void qkv_rope_store(const AwqArgs &a, float (*c)[1][4
 /* The resident CTAs of the one-row NORM GEMV (a gate|up after a down that ends in the norm)
  * have QX_WIDE_KW warps, two an SM, where each warp still walks at least QX_WIDE_CHUNKS
  * chunks of a unit: 32B's gate|up (80 chunks, 10 a warp) took 36.1 us a layer against 37.5
- * in five CTAs of 4 (32B batch 1 -1.2 to -1.5%, two runs), while 7B's (56 chunks, 7 a warp) was 0.5% slower
- * and 5 or 10 warps lost at both (10 without room for x in shared memory; docs/PERF.md,
- * thirty-sixth session, run 5). The same bytes stream 4-6% faster in two CTAs of 8-10 warps
- * an SM than in five of 4 (bench-stream, run 4); a shorter run a warp pays more for each
- * unit's end (inferred, not profiled). */
+ * in five CTAs of 4 (32B batch 1 -1.2 to -1.5%, two runs), while 7B's (56 chunks, 7 a
+ * warp) was 0.5% slower and 5 or 10 warps lost at both (10 without room for x in shared
+ * memory; docs/PERF.md, thirty-sixth session, run 5). The same bytes stream 4-6% faster
+ * in two CTAs of 8-10 warps an SM than in five of 4 (bench-stream, run 4); a shorter run a
+ * warp pays more for each unit's end (inferred, not profiled). */
 #define QX_WIDE_KW     8
 #define QX_WIDE_CHUNKS 10
 
@@ -1474,7 +1474,8 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
         __shared__ float4 red[2][HW - 1][32];
         __shared__ __align__(8) uint64_t lat_bar, v_bar;
         uint32_t j = blockIdx.x, C = gridDim.x, t = threadIdx.x, hp = t / HT, ht = t % HT;
-        uint32_t h = 2 * blockIdx.y + hp, warp = ht / 32, lane = t % 32, g = lane / 4, tq = lane % 4;
+        uint32_t h = 2 * blockIdx.y + hp, warp = ht / 32, lane = t % 32;
+        uint32_t g = lane / 4, tq = lane % 4;
         uint32_t dims = a.rank / C, KS = a.rank / 16, KW = KS / HW, ks0 = warp * KW;
 
         /* before any load, which the init's fence would wait for */
@@ -1507,12 +1508,13 @@ __global__ void __launch_bounds__(MO_THREADS) k_mla_out(const MlaOutArgs a)
                                 if (c >= CH)
                                         break;
                                 uint32_t ch = ch0 + c;
-                                oq[i][c] = ld_stream(a.qw + awq_unit(tile, ch, a.chunks) * 32 + lane);
+                                oq[i][c] = ld_stream(a.qw + awq_unit(tile, ch, a.chunks) * 32 +
+                                                     lane);
 #pragma unroll
                                 for (int q = 0; q < Q; q++) {
                                         uint32_t grp = __umulhi(2 * (2 * ch + q), a.group_magic);
-                                        orec[i][c][q] = ld_stream(a.sz + (size_t) grp * a.tiles * 8 +
-                                                                  (size_t) tile * 8 + g);
+                                        orec[i][c][q] = ld_stream(
+                                                a.sz + ((size_t) grp * a.tiles + tile) * 8 + g);
                                 }
                         }
                 }
