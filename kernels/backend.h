@@ -28,6 +28,7 @@ typedef struct BkTensor {
 typedef enum BkLinearKind {
         BK_LINEAR_DENSE, /* w: [out][in] in w.dtype, the Hugging Face nn.Linear layout */
         BK_LINEAR_AWQ,   /* AutoAWQ GEMM layout, see docs/formats.md of shared/ */
+        BK_LINEAR_Q8,    /* 8-bit rows with a float32 scale a group: the lm_head at load */
         _BK_LINEAR_MAX,
 } BkLinearKind;
 
@@ -39,7 +40,11 @@ typedef struct BkLinear {
         const uint32_t *qweight; /* AWQ: [in][out/8], nibble order REV = 0,4,1,5,2,6,3,7 */
         const uint32_t *qzeros;  /* AWQ: [in/group_size][out/8], same packing */
         const uint16_t *scales;  /* AWQ: [in/group_size][out], IEEE fp16 */
-        uint32_t group_size;     /* AWQ: 32, 64 or 128 */
+        uint32_t group_size;     /* AWQ: 32, 64 or 128; Q8: 32, 64 or 128 dividing in */
+        /* Q8: y[o] = sum over groups g of q8_scales[o][g] * (sum over k of g of
+         * q8[o][k] * x[k]), q8 in -127..127 (see daemon/model/q8_pack.h) */
+        const int8_t *q8;        /* Q8: [out][in] */
+        const float *q8_scales;  /* Q8: [out][in / group_size] */
         BkTensor bias;           /* [out], data NULL when the layer has none */
 } BkLinear;
 

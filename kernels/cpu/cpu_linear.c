@@ -53,6 +53,16 @@ int cpu_linear_check(const BkLinear *l, uint32_t in, uint32_t out, const char *w
                                 "(in %u, out %u, group %u)",
                                 what, in, out, l->group_size);
                 return 0;
+        case BK_LINEAR_Q8:
+                if (!l->q8 || !l->q8_scales)
+                        return ds_error(err, -DS_ERR_FORMAT, "%s: 8-bit tensors missing", what);
+                if ((l->group_size != 32 && l->group_size != 64 && l->group_size != 128) ||
+                        in % l->group_size != 0)
+                        return ds_error(err, -DS_ERR_FORMAT,
+                                "%s: 8-bit rows need a group of 32, 64 or 128 dividing in "
+                                "(in %u, group %u)",
+                                what, in, l->group_size);
+                return 0;
         default:
                 return ds_error(err, -DS_ERR_UNSUPPORTED, "%s: unknown linear kind %d", what,
                         (int) l->kind);
@@ -103,6 +113,29 @@ static void linear_dense(const BkLinear *l, const float *x, uint32_t rows, float
                 }
                 for (uint32_t r = 0; r < rows; r++)
                         y[(size_t) r * l->out + o] = dot(x + (size_t) r * l->in, w, l->in);
+        }
+}
+
+/* q8: [out][in], q8_scales: [out][in / gs]. Outputs o0 .. o1 - 1. Each weight row is
+ * widened to float once (wrow: (in)) and used by every row of x; y is the sum over the
+ * groups in order of the group's scale times its dot product, the formula of backend.h. */
+static void linear_q8(const BkLinear *l, const float *x, uint32_t rows, float *y, float *wrow,
+        uint32_t o0, uint32_t o1)
+{
+        const uint32_t gs = l->group_size, groups = l->in / gs;
+
+        for (uint32_t o = o0; o < o1; o++) {
+                const int8_t *q = l->q8 + (size_t) o * l->in;
+                const float *s = l->q8_scales + (size_t) o * groups;
+                for (uint32_t i = 0; i < l->in; i++)
+                        wrow[i] = (float) q[i];
+                for (uint32_t r = 0; r < rows; r++) {
+                        const float *xr = x + (size_t) r * l->in;
+                        float acc = 0.0f;
+                        for (uint32_t g = 0; g < groups; g++)
+                                acc += s[g] * dot(xr + (size_t) g * gs, wrow + (size_t) g * gs, gs);
+                        y[(size_t) r * l->out + o] = acc;
+                }
         }
 }
 
@@ -177,7 +210,7 @@ typedef struct {
         uint32_t rows;
         float *y;
         float *scratch; /* (parts, cpu_linear_scratch_size(l)) */
-        uint32_t units; /* AWQ column blocks or dense outputs, split among the parts */
+        uint32_t units; /* AWQ column blocks, or dense or 8-bit outputs, split among the parts */
 } LinearJob;
 
 /* One part's share of the output columns: each output is summed by one part alone, in
@@ -189,10 +222,17 @@ static void linear_part(void *arg, uint32_t part, uint32_t parts)
         uint32_t u1 = (uint32_t) ((uint64_t) j->units * (part + 1) / parts);
         float *scratch = j->scratch + part * cpu_linear_scratch_size(j->l);
 
-        if (j->l->kind == BK_LINEAR_AWQ)
+        switch (j->l->kind) {
+        case BK_LINEAR_AWQ:
                 linear_awq(j->l, j->x, j->rows, j->y, scratch, u0, u1);
-        else
+                break;
+        case BK_LINEAR_Q8:
+                linear_q8(j->l, j->x, j->rows, j->y, scratch, u0, u1);
+                break;
+        default:
                 linear_dense(j->l, j->x, j->rows, j->y, scratch, u0, u1);
+                break;
+        }
 }
 
 void cpu_linear(
@@ -216,6 +256,13 @@ void cpu_linear(
 
 void cpu_linear_row(const BkLinear *l, uint32_t k, float *row)
 {
+        if (l->kind == BK_LINEAR_Q8) {
+                const uint32_t groups = l->in / l->group_size;
+                for (uint32_t n = 0; n < l->out; n++)
+                        row[n] = (float) l->q8[(size_t) n * l->in + k] *
+                                 l->q8_scales[(size_t) n * groups + k / l->group_size];
+                return;
+        }
         if (l->kind != BK_LINEAR_AWQ) {
                 for (uint32_t n = 0; n < l->out; n++)
                         row[n] = cpu_tensor_get(l->w, (size_t) n * l->in + k);

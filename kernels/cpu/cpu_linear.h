@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The CPU backend's hot spot: y = x · W + bias for dense and AWQ INT4 weights, with
- * float32 accumulation. Every output's sum runs over the inputs in ascending order
- * whatever the number of rows, so one row's result never depends on the other rows. */
+/* The CPU backend's hot spot: y = x · W + bias for dense, AWQ INT4 and 8-bit (Q8)
+ * weights, with float32 accumulation. Every output's sum runs over the inputs in ascending
+ * order whatever the number of rows, so one row's result never depends on the other rows. */
 #pragma once
 
 #include <stddef.h>
