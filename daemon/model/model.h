@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* A checkpoint directory turned into a BkModel: config.json parsed and validated,
  * safetensors mapped, every tensor found and shape-checked, linear layers described as
- * AWQ INT4 or dense, or quantized to INT4 at load when asked. */
+ * AWQ INT4 or dense, or quantized to INT4 at load when asked (and the lm_head to 8 bits). */
 #pragma once
 
 #include <stdbool.h>
@@ -12,15 +12,19 @@
 
 typedef struct ModelOptions {
         bool quantize_int4; /* round-to-nearest INT4, group 128, for FP16/BF16/F32 linears */
+        /* the lm_head (the embedding's copy when tied) as 8-bit rows, q8_pack.h */
+        bool lm_head_int8;
         void (*progress)(void *userdata, uint32_t layers_done, uint32_t n_layers);
         void *userdata;
 } ModelOptions;
 
 typedef struct ModelInfo {
         char architecture[64]; /* as config.json names it */
-        char quant[64];        /* "awq-int4 g128", "f16", "int4-at-load g128", ... */
-        int32_t bos_id;        /* -1 when none */
-        int32_t eos_ids[8];    /* config.json eos_token_id, int or list */
+        /* "awq-int4 g128", "f16", "int4-at-load g128", ..., followed by ", lm_head int8 g128"
+         * when the lm_head was quantized to 8 bits at load */
+        char quant[64];
+        int32_t bos_id;     /* -1 when none */
+        int32_t eos_ids[8]; /* config.json eos_token_id, int or list */
         uint32_t n_eos;
         bool tie_embeddings; /* lm_head is the embedding (tie_word_embeddings) */
         bool qkv_bias;       /* q/k/v_proj have biases (Qwen2; Llama attention_bias) */

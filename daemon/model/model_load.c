@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* A checkpoint directory into a BkModel. Tensors are used in place from the read-only maps;
  * the only copies are of tensors whose mapped address is misaligned for their element type
- * and of linears quantized at load. */
+ * and of linears quantized at load (to INT4, and the lm_head to 8 bits). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +10,7 @@
 #include "awq_pack.h"
 #include "half.h"
 #include "model.h"
+#include "q8_pack.h"
 
 #define QUANT_GROUP 128
 
@@ -453,6 +454,92 @@ static int load_layer(Loader *L, uint32_t l, BkLayer *ret)
         return load_linear(L, name, c->intermediate, c->hidden, info->mlp_bias, true, &ret->down);
 }
 
+/* Widens row o of the dense [out][in] weight w of dtype dt into row. w is read in place,
+ * since a mapped tensor may be misaligned for its element type. */
+static void widen_row(const void *w, BkDtype dt, uint32_t in, uint32_t o, float *row)
+{
+        const uint8_t *p = (const uint8_t *) w + (size_t) o * in * (dt == BK_DT_F32 ? 4 : 2);
+
+        switch (dt) {
+        case BK_DT_F32:
+                memcpy(row, p, (size_t) in * sizeof(float));
+                break;
+        case BK_DT_F16:
+                f16_row_to_f32(p, in, row);
+                break;
+        default:
+                bf16_row_to_f32(p, in, row);
+                break;
+        }
+}
+
+/* The lm_head as 8-bit rows (q8_pack.h) in owned buffers, from w, its dense [out][in]
+ * weight of dtype dt, one row at a time: a float32 copy of 7B's lm_head would take 2 GiB.
+ * name is the tensor's, for messages. */
+static int quantize_q8(Loader *L, const char *name, const void *w, BkDtype dt, BkLinear *lin)
+{
+        _cleanup_free_ float *row = NULL;
+        uint32_t gs = q8_group_size(lin->in);
+        int8_t *q;
+        float *scales;
+
+        if (gs == 0)
+                return ds_error(L->err, -DS_ERR_UNSUPPORTED,
+                        "%s: cannot quantize lm_head '%s' to 8 bits: its width %u (hidden_size) "
+                        "is not a multiple of 32",
+                        st_archive_name(L->m->archive), name, lin->in);
+        row = malloc((size_t) lin->in * sizeof(*row));
+        q = row ? model_alloc(L->m, (size_t) lin->out * lin->in) : NULL;
+        scales = q ? model_alloc(L->m, (size_t) lin->out * (lin->in / gs) * sizeof(*scales)) : NULL;
+        if (!scales)
+                return -ENOMEM;
+        for (uint32_t o = 0; o < lin->out; o++) {
+                widen_row(w, dt, lin->in, o, row);
+                q8_quantize_row(row, lin->in, gs, q + (size_t) o * lin->in,
+                        scales + (size_t) o * (lin->in / gs));
+        }
+
+        *lin = (BkLinear){.kind = BK_LINEAR_Q8,
+                .in = lin->in,
+                .out = lin->out,
+                .group_size = gs,
+                .q8 = q,
+                .q8_scales = scales};
+        return 0;
+}
+
+/* The lm_head: the embedding as a dense linear when tied, else lm_head.weight, dense
+ * whatever the checkpoint's quantization (AutoAWQ leaves it in FP16, and load_linear()
+ * reads it dense outside the decoder blocks), so with lm_head_int8 there is always a
+ * dense weight to quantize. The embedding itself stays as it is. */
+static int load_lm_head(Loader *L)
+{
+        const BkConfig *c = &L->m->bk.cfg;
+        BkLinear *lin = &L->m->bk.lm_head;
+        const StTensor *t;
+        int r;
+
+        if (L->m->info.tie_embeddings) {
+                *lin = (BkLinear){.kind = BK_LINEAR_DENSE,
+                        .in = c->hidden,
+                        .out = c->vocab_size,
+                        .w = L->m->bk.embed};
+                if (!L->opt || !L->opt->lm_head_int8)
+                        return 0;
+                return quantize_q8(L, "model.embed_tokens.weight", lin->w.data, lin->w.dtype, lin);
+        }
+        if (!L->opt || !L->opt->lm_head_int8)
+                return load_linear(L, "lm_head", c->hidden, c->vocab_size, false, false, lin);
+
+        /* Quantized from the map in place, so a misaligned lm_head.weight costs no aligned
+         * copy. */
+        r = get_tensor(L, "lm_head.weight", true, 0, 2, c->vocab_size, c->hidden, &t);
+        if (r < 0)
+                return r;
+        *lin = (BkLinear){.in = c->hidden, .out = c->vocab_size};
+        return quantize_q8(L, "lm_head.weight", t->data, bk_dtype(t->dtype), lin);
+}
+
 /* What ModelInfo.quant says once the weights are known. */
 static void describe_quant(Model *m, const ModelOptions *opt)
 {
@@ -461,14 +548,22 @@ static void describe_quant(Model *m, const ModelOptions *opt)
                 [BK_DT_F16] = "f16",
                 [BK_DT_BF16] = "bf16",
         };
+        size_t at;
 
-        if (m->info.group_size)
-                return; /* the config's "awq-int4 gN" stands */
-        if (opt && opt->quantize_int4)
-                snprintf(m->info.quant, sizeof(m->info.quant), "int4-at-load g%u", QUANT_GROUP);
-        else
-                snprintf(m->info.quant, sizeof(m->info.quant), "%s",
-                        names[m->bk.layers[0].o.w.dtype]);
+        /* An AWQ checkpoint keeps the config's "awq-int4 gN". */
+        if (m->info.group_size == 0) {
+                if (opt && opt->quantize_int4)
+                        snprintf(m->info.quant, sizeof(m->info.quant), "int4-at-load g%u",
+                                QUANT_GROUP);
+                else
+                        snprintf(m->info.quant, sizeof(m->info.quant), "%s",
+                                names[m->bk.layers[0].o.w.dtype]);
+        }
+        /* At most 20 + 19 characters of the 63. */
+        at = strlen(m->info.quant);
+        if (m->bk.lm_head.kind == BK_LINEAR_Q8)
+                snprintf(m->info.quant + at, sizeof(m->info.quant) - at, ", lm_head int8 g%u",
+                        m->bk.lm_head.group_size);
 }
 
 int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *err)
@@ -519,17 +614,9 @@ int model_load(const char *dir, const ModelOptions *opt, Model **ret, DsError *e
         r = load_vector(&L, "model.norm.weight", c->hidden, &m->bk.final_norm);
         if (r < 0)
                 return r;
-        if (m->info.tie_embeddings)
-                m->bk.lm_head = (BkLinear){.kind = BK_LINEAR_DENSE,
-                        .in = c->hidden,
-                        .out = c->vocab_size,
-                        .w = m->bk.embed};
-        else {
-                r = load_linear(
-                        &L, "lm_head", c->hidden, c->vocab_size, false, false, &m->bk.lm_head);
-                if (r < 0)
-                        return r;
-        }
+        r = load_lm_head(&L);
+        if (r < 0)
+                return r;
 
         describe_quant(m, opt);
         *ret = TAKE_PTR(m);

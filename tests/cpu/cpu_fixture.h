@@ -102,19 +102,24 @@ typedef struct Fixture {
         uint32_t vocab;
 } Fixture;
 
-/* Loads fixture dir on a CPU backend of threads threads (0 means one). */
-static inline Fixture fix_open_threads(const char *dir, uint32_t threads)
+/* Loads fixture dir with the options mo on a CPU backend of threads threads (0 means
+ * one). */
+static inline Fixture fix_open_with(const char *dir, uint32_t threads, const ModelOptions *mo)
 {
         DsError err = {0};
-        ModelOptions mo = {0};
         Fixture f = {0};
 
-        CHECK(model_load(dir, &mo, &f.model, &err) == 0, "model_load %s: %s", dir, err.msg);
+        CHECK(model_load(dir, mo, &f.model, &err) == 0, "model_load %s: %s", dir, err.msg);
         CHECK(backend_cpu_ops.create(&(BkOptions){.threads = threads}, &f.b, &err) == 0, "%s",
                 err.msg);
         CHECK(backend_cpu_ops.load(f.b, &f.model->bk, &err) == 0, "%s", err.msg);
         f.vocab = f.model->bk.cfg.vocab_size;
         return f;
+}
+
+static inline Fixture fix_open_threads(const char *dir, uint32_t threads)
+{
+        return fix_open_with(dir, threads, &(ModelOptions){0});
 }
 
 static inline Fixture fix_open(const char *dir)
