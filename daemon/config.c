@@ -58,6 +58,7 @@ static const ConfigField config_fields[] = {
         F("backend", FT_BACKEND, backend, 0, 0, "auto"),
         F("device", FT_U32, device, 0, 255, "0"),
         F("quantize_at_load", FT_BOOL, quantize_at_load, 0, 0, "false"),
+        F("lm_head_int8", FT_BOOL, lm_head_int8, 0, 0, "false"),
         F("limits.context_length", FT_U32, limits.context_length, 0, 1 << 24, "0"),
         F("limits.max_batch", FT_U32, limits.max_batch, 1, 1024, "16"),
         F("limits.queue_length", FT_U32, limits.queue_length, 0, 65536, "256"),

@@ -48,6 +48,7 @@ typedef struct DsdConfig {
         ConfigBackend backend;
         uint32_t device; /* CUDA device index; ignored by the CPU backend */
         bool quantize_at_load;
+        bool lm_head_int8; /* the lm_head as 8-bit rows at load (daemon/model/q8_pack.h) */
         ConfigLimits limits;
         char socket_path[CONFIG_SOCKET_PATH_MAX];
         mode_t socket_mode;

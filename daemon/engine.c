@@ -80,6 +80,7 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
 
         ModelOptions mo = {
                 .quantize_int4 = opt->quantize_int4,
+                .lm_head_int8 = opt->lm_head_int8,
                 .progress = opt->progress  ? opt->progress
                             : opt->verbose ? load_progress
                                            : NULL,

@@ -16,6 +16,7 @@
 typedef struct EngineOptions {
         const char *backend;      /* "cpu", "cuda" or "auto"; NULL means auto */
         bool quantize_int4;       /* quantize FP16/BF16 linears to INT4 at load */
+        bool lm_head_int8;        /* quantize the lm_head to 8 bits at load (q8_pack.h) */
         uint32_t kv_block_tokens; /* positions per KV block; 0 means 16 */
         uint64_t kv_bytes;        /* KV cache budget; 0 sizes it for one full context */
         uint32_t threads;         /* CPU backend threads; 0 means one */

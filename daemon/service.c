@@ -120,6 +120,7 @@ static void load_init(const Service *sv, const DsdConfig *c, Load *l)
         l->eo = (EngineOptions){
                 .backend = config_backend_to_string(c->backend),
                 .quantize_int4 = c->quantize_at_load,
+                .lm_head_int8 = c->lm_head_int8,
                 .threads = sv->opt->threads,
                 .kv_bytes = kv,
                 .device = c->backend == CONFIG_BACKEND_CPU ? NULL : l->device,
@@ -344,7 +345,8 @@ static void load_finish(Service *sv)
         snprintf(sv->architecture, sizeof(sv->architecture), "%s", e->model->info.architecture);
         sv->kv_bytes_per_token = e->ops->kv_bytes_per_token(e->be);
         sv->context_length = server_context_length(sv->srv);
-        log_info("Serving '%s': %s, context %u", sv->model, sv->device, sv->context_length);
+        log_info("Serving '%s' (%s): %s, context %u", sv->model, e->model->info.quant, sv->device,
+                sv->context_length);
         (void) ready("serving %s", sv->model);
         if (sv->bus)
                 bus_reload_done(sv->bus, 0, NULL);

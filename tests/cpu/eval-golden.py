@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """dsquant eval against transformers: runs `dsquant eval --ids` over a fixture's golden
-input ids and checks the logits file against golden_logits.f32 (rel err < 1e-4). Then
+input ids and checks the logits file against golden_logits.f32 (rel err < 1e-4), and with
+--lm-head-int8 within 2e-2 and not the same logits (test-lm-head-int8.c measured 6.5e-3). Then
 `dsquant eval --text` on a `dsquant synth` model must print a finite perplexity, in
 range for its random weights. Standard library only. Usage: eval-golden.py FIXTURE_DIR..."""
 import array
@@ -13,6 +14,7 @@ import sys
 import tempfile
 
 TOLERANCE = 1e-4
+INT8_TOLERANCE = 2e-2
 
 
 def read_f32(path):
@@ -24,13 +26,18 @@ def read_f32(path):
     return a
 
 
-def check(dsquant, fixture, tmp):
+def check(dsquant, fixture, tmp, int8=False):
     golden = json.load(open(os.path.join(fixture, "golden.json")))
     ids_path = os.path.join(tmp, "ids.json")
     out_path = os.path.join(tmp, "logits.f32")
     json.dump(golden["input_ids"], open(ids_path, "w"))
-    subprocess.run([dsquant, "eval", "--model", fixture, "--ids", ids_path,
-                    "--logits-out", out_path, "--backend", "cpu"], check=True)
+    p = subprocess.run([dsquant, "eval", "--model", fixture, "--ids", ids_path,
+                        "--logits-out", out_path, "--backend", "cpu"]
+                       + (["--lm-head-int8"] if int8 else []),
+                       check=True, capture_output=True, text=True)
+    if int8 != ("lm_head int8 g128" in p.stderr):
+        print(f"{fixture}: the timing line does not say what the lm_head is: {p.stderr}")
+        return False
     out = read_f32(out_path)
     ref = read_f32(os.path.join(fixture, golden["logits_file"]))
     rows, vocab = golden["logits_shape"]
@@ -39,8 +46,8 @@ def check(dsquant, fixture, tmp):
         return False
     diff = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
     err = diff / math.sqrt(sum(b * b for b in ref))
-    print(f"{fixture}: dsquant eval rel err {err:.3g}")
-    return err < TOLERANCE
+    print(f"{fixture}: dsquant eval{' --lm-head-int8' if int8 else ''} rel err {err:.3g}")
+    return INT8_TOLERANCE > err > TOLERANCE if int8 else err < TOLERANCE
 
 
 def check_text(dsquant, tmp):
@@ -67,6 +74,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for fixture in sys.argv[1:]:
             ok &= check(dsquant, fixture, tmp)
+        ok &= check(dsquant, sys.argv[1], tmp, int8=True)
+        h = subprocess.run([dsquant, "eval", "--help"], capture_output=True, text=True)
+        if "--lm-head-int8" not in h.stdout:
+            print("dsquant eval --help does not document --lm-head-int8")
+            ok = False
         ok &= check_text(dsquant, tmp)
     return 0 if ok else 1
 

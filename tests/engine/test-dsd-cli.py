@@ -34,6 +34,7 @@ def summary(p):
 p = run("--help")
 check(p.returncode == 0 and b"--generate" in p.stdout and b"--max-tokens" in p.stdout,
       "--help exits 0 and documents the options")
+check(b"--lm-head-int8" in p.stdout and b"8 bits" in p.stdout, "--help documents --lm-head-int8")
 
 p = run("--model", model, "--generate", "Hello world", "--max-tokens", "16")
 s = summary(p)
@@ -45,6 +46,13 @@ check(b"\n" not in p.stderr.strip().split(b"\n")[-1] and p.stdout.count(b"dsd:")
 
 q = run("--model", model, "--generate", "Hello world", "--max-tokens", "16")
 check(q.returncode == 0 and q.stdout == p.stdout, "greedy output is deterministic")
+check(b", lm_head int8" not in q.stderr, "without --lm-head-int8 the summary names no int8 head")
+
+# The synthetic model's lm_head (hidden 256) in groups of 128; its random weights give
+# text of no meaning, so only the summary line is checked.
+q = run("--model", model, "--generate", "Hello world", "--max-tokens", "4", "--lm-head-int8")
+check(q.returncode == 0 and b", lm_head int8 g128," in q.stderr,
+      f"--lm-head-int8 loads the lm_head as 8 bits ({q.stderr[-200:]!r})")
 
 a = run("--model", model, "--generate", "Hello", "--temperature", "1", "--seed", "7",
         "--max-tokens", "32")

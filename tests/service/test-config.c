@@ -21,6 +21,7 @@ static const char *const leaf_keys[] = {
         "backend",
         "device",
         "quantize_at_load",
+        "lm_head_int8",
         "limits.context_length",
         "limits.max_batch",
         "limits.queue_length",
@@ -72,7 +73,7 @@ static void test_defaults(void)
         config_init(&c);
         CHECK(c.model[0] == 0, "model");
         CHECK(c.backend == CONFIG_BACKEND_AUTO, "backend");
-        CHECK(c.device == 0 && !c.quantize_at_load, "device/quantize");
+        CHECK(c.device == 0 && !c.quantize_at_load && !c.lm_head_int8, "device/quantize");
         CHECK(c.limits.context_length == 0, "context_length");
         CHECK(c.limits.max_batch == 16, "max_batch");
         CHECK(c.limits.queue_length == 256, "queue_length");
@@ -102,6 +103,7 @@ static void test_every_field(void)
                   "  \"backend\": \"cuda\",\n"
                   "  \"device\": 3,\n"
                   "  \"quantize_at_load\": true,\n"
+                  "  \"lm_head_int8\": true,\n"
                   "  \"limits\": {\n"
                   "    \"context_length\": 8192,\n"
                   "    \"max_batch\": 64,\n"
@@ -122,7 +124,9 @@ static void test_every_field(void)
                   "}\n",
                 &c);
         CHECK(strcmp(c.model, "/var/lib/dsd/models/qwen") == 0, "model");
-        CHECK(c.backend == CONFIG_BACKEND_CUDA && c.device == 3 && c.quantize_at_load, "backend");
+        CHECK(c.backend == CONFIG_BACKEND_CUDA && c.device == 3 && c.quantize_at_load &&
+                        c.lm_head_int8,
+                "backend");
         CHECK(c.limits.context_length == 8192 && c.limits.max_batch == 64 &&
                         c.limits.queue_length == 0 && c.limits.kv_memory_fraction == 0.5 &&
                         c.limits.client_max_requests == 4 &&
@@ -163,17 +167,17 @@ static void test_wrong_types(void)
                 snprintf(pos, sizeof(pos), "t.json:%s: ", dot ? "3:5" : "2:3");
                 expect_fail(json, field, pos);
 
-                /* And a string where a number is wanted, a number where a string is. */
+                /* And a boolean where a number or a string is wanted, a number where a
+                 * boolean is. */
+                bool boolean = strcmp(leaf_keys[i], "quantize_at_load") == 0 ||
+                               strcmp(leaf_keys[i], "lm_head_int8") == 0;
                 if (dot)
                         snprintf(json, sizeof(json), "{\"%.*s\": {\"%s\": true}}",
                                 (int) (dot - leaf_keys[i]), leaf_keys[i], dot + 1);
                 else
                         snprintf(json, sizeof(json), "{\"%s\": %s}", leaf_keys[i],
-                                strcmp(leaf_keys[i], "quantize_at_load") == 0 ? "1" : "true");
-                if (strcmp(leaf_keys[i], "quantize_at_load") != 0)
-                        expect_fail(json, field, "got true");
-                else
-                        expect_fail(json, field, "got 1");
+                                boolean ? "1" : "true");
+                expect_fail(json, field, boolean ? "got 1" : "got true");
         }
 }
 
@@ -303,13 +307,14 @@ static void test_overrides(void)
         CHECK(c.limits.max_batch == 32, "max_batch override");
         CHECK(config_set(&c, "--backend", "backend", "cpu", &err) == 0, "%s", err.msg);
         CHECK(config_set(&c, "--quantize-at-load", "quantize_at_load", "yes", &err) == 0, "q");
+        CHECK(config_set(&c, "--lm-head-int8", "lm_head_int8", "true", &err) == 0, "%s", err.msg);
         CHECK(config_set(&c, "--kv-fraction", "limits.kv_memory_fraction", "0.25", &err) == 0, "f");
         CHECK(config_set(&c, "--socket-mode", "socket.mode", "0600", &err) == 0, "mode");
         CHECK(config_set(&c, "--allow-group", "socket.allowed_gids", "root,5", &err) == 0, "%s",
                 err.msg);
         CHECK(config_set(&c, "--bus", "bus", "session", &err) == 0, "bus");
         CHECK(config_set(&c, "--log-level", "log_level", "warning", &err) == 0, "log");
-        CHECK(c.backend == CONFIG_BACKEND_CPU && c.quantize_at_load &&
+        CHECK(c.backend == CONFIG_BACKEND_CPU && c.quantize_at_load && c.lm_head_int8 &&
                         c.limits.kv_memory_fraction == 0.25 && c.socket_mode == 0600 &&
                         c.n_allowed_gids == 2 && c.allowed_gids[0] == 0 && c.allowed_gids[1] == 5 &&
                         c.bus == CONFIG_BUS_SESSION && c.log_level == LOG_LVL_WARNING,
@@ -333,6 +338,9 @@ static void test_overrides(void)
         CHECK(config_set(&c, "--max-batch", "limits.max_batch", "0", &err) < 0, "range");
         CHECK(config_set(&c, "--max-batch", "limits.max_batch", " 3", &err) < 0, "space");
         CHECK(config_set(&c, "--quantize-at-load", "quantize_at_load", "maybe", &err) < 0, "b");
+        CHECK(config_set(&c, "--lm-head-int8", "lm_head_int8", "often", &err) < 0 &&
+                        strstr(err.msg, "--lm-head-int8: field 'lm_head_int8'"),
+                "%s", err.msg);
         CHECK(config_set(&c, "--allow-user", "socket.allowed_uids", "0,nobody-nope", &err) < 0 &&
                         strstr(err.msg, "nobody-nope"),
                 "%s", err.msg);

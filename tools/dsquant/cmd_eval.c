@@ -29,6 +29,7 @@ static const char *arg_text;
 static const char *arg_backend = "cpu";
 static uint32_t arg_threads;
 static uint32_t arg_decode;
+static bool arg_lm_head_int8;
 
 static void eval_help(FILE *f)
 {
@@ -46,6 +47,8 @@ static void eval_help(FILE *f)
                 "  --decode N           after --ids, greedy-decode N more tokens and print them\n"
                 "  --backend NAME       cpu (default), cuda or auto\n"
                 "  --threads N          CPU worker threads\n"
+                "  --lm-head-int8       quantize the lm_head to 8 bits a weight (a float32 scale\n"
+                "                       per group of 128 inputs) at load, as dsd --lm-head-int8\n"
                 "  --help               show this help\n");
 }
 
@@ -75,6 +78,7 @@ static int parse_argv(int argc, char **argv)
                 {"decode", required_argument, NULL, 'd'},
                 {"backend", required_argument, NULL, 'b'},
                 {"threads", required_argument, NULL, 'j'},
+                {"lm-head-int8", no_argument, NULL, 'q'},
                 {"help", no_argument, NULL, 'h'},
                 {},
         };
@@ -106,6 +110,9 @@ static int parse_argv(int argc, char **argv)
                 case 'j':
                         if (parse_uint("--threads", optarg, &arg_threads) < 0)
                                 return -EINVAL;
+                        break;
+                case 'q':
+                        arg_lm_head_int8 = true;
                         break;
                 case 'h':
                         eval_help(stdout);
@@ -322,7 +329,7 @@ int cmd_eval(int argc, char **argv)
         }
 
         double t0 = now_s();
-        r = model_load(arg_model, NULL, &m, &err);
+        r = model_load(arg_model, &(ModelOptions){.lm_head_int8 = arg_lm_head_int8}, &m, &err);
         if (r < 0) {
                 fprintf(stderr, "dsquant eval: Failed to load model '%s': %s\n", arg_model,
                         err.msg[0] ? err.msg : ds_strerror_internal(r));
@@ -396,8 +403,8 @@ int cmd_eval(int argc, char **argv)
                                         ids[pos + i + 1]);
         }
         double t_prefill = now_s() - t1;
-        fprintf(stderr, "dsquant eval: load %.3f s; %u positions in %.3f s (%.1f tokens/s)\n",
-                t_load, n, t_prefill, n / t_prefill);
+        fprintf(stderr, "dsquant eval: %s; load %.3f s; %u positions in %.3f s (%.1f tokens/s)\n",
+                m->info.quant, t_load, n, t_prefill, n / t_prefill);
 
         if (arg_logits_out) {
                 FILE *f = fopen(arg_logits_out, "we");
