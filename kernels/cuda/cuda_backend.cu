@@ -285,6 +285,8 @@ static void linear_free(CuLinear *l)
         dfree(l->qw);
         dfree(l->sz);
         dfree(l->w);
+        dfree(l->q8w);
+        dfree(l->q8s);
         dfree(l->bias);
         *l = (CuLinear){};
 }
@@ -539,6 +541,9 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
         bool any_bias = false;
         int r = 0;
 
+        if (p0->kind == BK_LINEAR_Q8)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "cuda backend: %s: 8-bit weights are for the lm_head only", what);
         for (uint32_t i = 0; i < n_parts; i++) {
                 if (parts[i]->kind != p0->kind || parts[i]->in != p0->in ||
                         (p0->kind == BK_LINEAR_AWQ && parts[i]->group_size != p0->group_size))
@@ -599,6 +604,64 @@ static int upload_linear(Backend *b, const BkLinear *const *parts, uint32_t n_pa
                         r = cuda_fail(err, e, what);
         }
         free(bias);
+        return r;
+}
+
+/* The 8-bit linear p (BK_LINEAR_Q8, the lm_head) into l: its weights in k_gemv_q8's layout,
+ * each byte biased by 128, rows past N as zeros, and the FP16 copy of the rounded weights
+ * that cuBLAS multiplies above 16 rows. */
+static int upload_q8(Backend *b, const BkLinear *p, CuLinear *l, const char *what, DsError *err)
+{
+        uint32_t K = p->in, N = p->out, gs = p->group_size;
+        if (K % 32 != 0 || (gs != 32 && gs != 64 && gs != 128) || K % gs != 0 || p->bias.data)
+                return ds_error(err, -DS_ERR_UNSUPPORTED,
+                        "cuda backend: %s: 8-bit weights need in a multiple of 32, groups of "
+                        "32, 64 or 128 and no bias (in %u, group %u)",
+                        what, K, gs);
+        size_t tiles = div_up(N, 16), nb = K / 32, groups = K / gs, tile_bytes = nb * 512;
+        *l = (CuLinear){};
+        l->in = K;
+        l->out = N;
+        l->kp = K;
+        l->group_size = gs;
+        l->splits = 1;
+        DALLOC(l->q8w, tiles * tile_bytes, what);
+        DALLOC(l->q8s, tiles * groups * 16 * sizeof(float), what);
+        DALLOC(l->w, (size_t) N * K * 2, what);
+
+        float *s = (float *) calloc(tiles * groups * 16, sizeof(float));
+        size_t chunk = MAX((size_t) 1, ((size_t) 16 << 20) / tile_bytes);
+        uint8_t *h = (uint8_t *) malloc(MIN(chunk, tiles) * tile_bytes);
+        int r = s && h ? 0 : ds_error(err, -ENOMEM, "cuda backend: out of memory for %s", what);
+        for (size_t n = 0; n < N && r == 0; n++)
+                for (size_t gi = 0; gi < groups; gi++)
+                        s[(n / 16 * groups + gi) * 16 + n % 16] = p->q8_scales[n * groups + gi];
+        if (r == 0)
+                r = h2d(b, l->q8s, s, tiles * groups * 16 * sizeof(float), what, err);
+        for (size_t t0 = 0; t0 < tiles && r == 0; t0 += chunk) {
+                size_t n_tiles = MIN(chunk, tiles - t0);
+                for (size_t tt = 0; tt < n_tiles; tt++)
+                        for (uint32_t row = 0; row < 16; row++) {
+                                size_t n = (t0 + tt) * 16 + row;
+                                const int8_t *src = n < N ? p->q8 + n * K : NULL;
+                                uint8_t *dst = h + tt * tile_bytes + (row % 8) * 64 + (row / 8) * 8;
+                                for (size_t c = 0; c < nb; c++)
+                                        for (uint32_t t = 0; t < 4; t++) {
+                                                /* q + 128 of a two's complement byte is q ^ 0x80 */
+                                                uint64_t v = 0;
+                                                if (src)
+                                                        memcpy(&v, src + c * 32 + 8 * t, 8);
+                                                v ^= 0x8080808080808080ull;
+                                                memcpy(dst + c * 512 + t * 16, &v, 8);
+                                        }
+                        }
+                r = h2d(b, (uint8_t *) l->q8w + t0 * tile_bytes, h, n_tiles * tile_bytes, what,
+                        err);
+        }
+        free(s);
+        free(h);
+        if (r == 0)
+                cu_q8_dequant(b->st, l, l->w);
         return r;
 }
 
@@ -1237,7 +1300,10 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
         if (r < 0)
                 return r;
         const BkLinear *head[] = {&m->lm_head};
-        r = upload_linear(b, head, 1, false, &b->lm_head, "lm_head", err);
+        if (m->lm_head.kind == BK_LINEAR_Q8)
+                r = upload_q8(b, &m->lm_head, &b->lm_head, "lm_head", err);
+        else
+                r = upload_linear(b, head, 1, false, &b->lm_head, "lm_head", err);
         if (r < 0)
                 return r;
 
@@ -1433,6 +1499,10 @@ static void blas_gemm(Backend *b, const CuLinear *l, const __half *w, uint32_t l
 /* y = x (rows, l->in) · W as float32 partial slices; returns the number of slices. */
 static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t rows, float *y)
 {
+        if (rows <= GEMV_MAX_ROWS && l->q8w) {
+                cu_gemv_q8(b->st, l, x, l->in, rows, y);
+                return 1;
+        }
         if (rows <= GEMV_MAX_ROWS) {
                 size_t slice = (size_t) rows * l->out;
                 if (l->awq) {
@@ -3074,7 +3144,10 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         if (r < 0)
                 return r;
         const BkLinear *parts[] = {l};
-        r = upload_linear(b, parts, 1, true, &d, "test linear", err);
+        if (l->kind == BK_LINEAR_Q8)
+                r = upload_q8(b, l, &d, "test linear", err);
+        else
+                r = upload_linear(b, parts, 1, true, &d, "test linear", err);
         size_t K = l->in, N = l->out;
         size_t slices = rows <= GEMV_MAX_ROWS ? d.splits : 1, pad = blas_rows(rows);
         if (r == 0)

@@ -2300,6 +2300,234 @@ static void gemv_dense_rows(cudaStream_t st, const CuLinear *l, const __half *x,
                         l->w, x, ldx, y, slice_stride, l->in, l->kp, l->out, l->splits);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * 8-bit GEMV for the lm_head quantized at load (BK_LINEAR_Q8) */
+
+/* The weights are the A operand of mma.m16n8k16, a tile of 16 outputs, and the rows of x
+ * its B columns, as in the INT4 GEMV, so a row's result does not depend on the other rows.
+ * Within each block of 32 k the mma's k order is permuted so that both operands of a lane
+ * are contiguous: lane l (g = l / 4, t = l % 4) holds the 16 bytes of outputs g and g + 8
+ * at k 8t .. 8t + 7 of the block and loads x[n][8t .. 8t + 7] in one 16-byte load. Each
+ * byte is q + 128, which is the FP16 number 1024 + q + 128 once 0x64 sits above it: one
+ * byte permute and one subtraction of 1152 make q exactly. */
+
+__device__ __forceinline__ void q8_frag(uint32_t lo, uint32_t hi, uint32_t sel, uint32_t *a)
+{
+        const __half2 off = __float2half2_rn(-1152.0f);
+        a[0] = h2_as_u32(__hadd2(u32_as_h2(__byte_perm(lo, 0x64646464u, sel)), off));
+        a[1] = h2_as_u32(__hadd2(u32_as_h2(__byte_perm(hi, 0x64646464u, sel)), off));
+}
+
+/* A fragments of one block of a lane's unit v (words x, y: output g; z, w: output g + 8):
+ * step 0 takes k 8t .. 8t + 3, step 1 k 8t + 4 .. 8t + 7. */
+__device__ __forceinline__ void q8_unpack(uint4 v, uint32_t (*a)[4])
+{
+        uint32_t p[2];
+        q8_frag(v.x, v.z, 0x4140u, p);
+        a[0][0] = p[0];
+        a[0][1] = p[1];
+        q8_frag(v.x, v.z, 0x4342u, p);
+        a[0][2] = p[0];
+        a[0][3] = p[1];
+        q8_frag(v.y, v.w, 0x4140u, p);
+        a[1][0] = p[0];
+        a[1][1] = p[1];
+        q8_frag(v.y, v.w, 0x4342u, p);
+        a[1][2] = p[0];
+        a[1][3] = p[1];
+}
+
+/* KS warps of a CTA a tile of 16 outputs, each a KS-th of K in whole groups (no slices
+ * across CTAs: the lm_head has tiles enough), NT tiles of 8 rows of x, GB blocks of 32 k a
+ * group, U blocks' weights in flight a lane. Each group sums into its own accumulators,
+ * which its outputs' scales then add into the part's result, as the CPU adds the groups;
+ * the parts meet in shared memory in part order. x is loaded at each block's use, not a
+ * round ahead: the registers go to weights in flight, which is what the bandwidth needs (as
+ * in k_gemv_dense, CTAs enough an SM). 8 blocks in flight a lane at 4 CTAs an SM, instead
+ * of 4 at 5, took 7B's lm_head from 143 to 153 us (docs/PERF.md, thirty-ninth session). */
+template <int NT, int GB, int U, int KS>
+__global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
+        k_gemv_q8(const uint4 *__restrict__ w, const float *__restrict__ sc, const __half *x,
+                uint32_t ldx, uint32_t rows, float *y, uint32_t K, uint32_t N)
+{
+        static_assert(U % GB == 0, "a group ends inside a round");
+        __shared__ float red[KS > 1 ? 8 : 1][NT * 4][32];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t tile = blockIdx.x * (8 / KS) + warp / KS, part = warp % KS;
+        uint32_t tiles = (N + 15) / 16;
+        uint32_t nb = K / 32, nbk = nb / KS, g = lane / 4, t = lane % 4;
+        bool live = tile < tiles;
+        uint32_t b0 = part * nbk;
+        const uint4 *wp = w + ((size_t) tile * nb + b0) * 32 + lane;
+        const float *sp = sc + ((size_t) tile * (nb / GB) + b0 / GB) * 16 + g;
+        uint4 wv[U];
+        float s0[U / GB], s1[U / GB];
+        auto load = [&](uint32_t c0) {
+#pragma unroll
+                for (int i = 0; i < U; i++)
+                        if (c0 + i < nbk)
+                                wv[i] = ld_stream(wp + (size_t) (c0 + i) * 32);
+#pragma unroll
+                for (int i = 0; i < U / GB; i++)
+                        if (c0 + i * GB < nbk) {
+                                s0[i] = sp[(c0 / GB + i) * 16];
+                                s1[i] = sp[(c0 / GB + i) * 16 + 8];
+                        }
+        };
+        /* The weights are constant: the first loads go out before the wait on the kernel
+         * that writes x, as in k_gemv_dense. */
+        if (live)
+                load(0);
+        pdl_wait();
+        pdl_trigger();
+        if (KS == 1 && !live)
+                return;
+        float acc[NT][4], gacc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                        acc[nt][j] = gacc[nt][j] = 0.0f;
+        const __half *xr[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+                xr[nt] = nt * 8 + g < rows ? x + (size_t) (nt * 8 + g) * ldx + b0 * 32 + 8 * t
+                                           : NULL;
+
+        for (uint32_t c0 = 0; live && c0 < nbk; c0 += U) {
+                if (c0 != 0)
+                        load(c0);
+#pragma unroll
+                for (int i = 0; i < U; i++) {
+                        uint32_t c = c0 + i;
+                        if (c >= nbk)
+                                break;
+                        uint32_t a[2][4];
+                        q8_unpack(wv[i], a);
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                                uint4 xv = xr[nt] ? *(const uint4 *) (xr[nt] + c * 32)
+                                                  : make_uint4(0, 0, 0, 0);
+                                mma16816(gacc[nt], a[0], make_uint2(xv.x, xv.y));
+                                mma16816(gacc[nt], a[1], make_uint2(xv.z, xv.w));
+                        }
+                        if (i % GB == GB - 1) {
+                                float sa = s0[i / GB], sb = s1[i / GB];
+#pragma unroll
+                                for (int nt = 0; nt < NT; nt++) {
+                                        acc[nt][0] = fmaf(sa, gacc[nt][0], acc[nt][0]);
+                                        acc[nt][1] = fmaf(sa, gacc[nt][1], acc[nt][1]);
+                                        acc[nt][2] = fmaf(sb, gacc[nt][2], acc[nt][2]);
+                                        acc[nt][3] = fmaf(sb, gacc[nt][3], acc[nt][3]);
+#pragma unroll
+                                        for (int j = 0; j < 4; j++)
+                                                gacc[nt][j] = 0.0f;
+                                }
+                        }
+                }
+        }
+        if (KS > 1) {
+                /* the K parts of a tile meet in shared memory, added in part order */
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                                red[warp][nt * 4 + j][lane] = acc[nt][j];
+                __syncthreads();
+                if (part != 0 || !live)
+                        return;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                for (int p = 1; p < KS; p++)
+                                        acc[nt][j] += red[warp + p][nt * 4 + j][lane];
+        }
+        uint32_t v = tile * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+                uint32_t n = nt * 8 + 2 * t;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                        uint32_t vj = v + (j / 2) * 8, nj = n + j % 2;
+                        if (vj < N && nj < rows)
+                                y[(size_t) nj * N + vj] = acc[nt][j];
+                }
+        }
+}
+
+/* The most K parts a tile (warps of one CTA, up to 4) that hold whole groups each. Shorter
+ * warps spread the tiles' rows over the SMs more evenly than one a tile: 7B's lm_head in
+ * 130 us in 4 parts, 143 in one; V2-Lite's in 51 and 63 (docs/PERF.md, thirty-ninth
+ * session). */
+template <int NT, int GB>
+static void gemv_q8_parts(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, float *y)
+{
+        uint32_t nb = l->in / 32, tiles = div_up(l->out, 16u);
+        if (nb % (4 * GB) == 0)
+                k_gemv_q8<NT, GB, 4, 4><<<div_up(tiles, 2u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+        else if (nb % (2 * GB) == 0)
+                k_gemv_q8<NT, GB, 4, 2><<<div_up(tiles, 4u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+        else
+                k_gemv_q8<NT, GB, 4, 1><<<div_up(tiles, 8u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+}
+
+template <int NT>
+static void gemv_q8_rows(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, float *y)
+{
+        if (l->group_size == 32)
+                gemv_q8_parts<NT, 1>(st, l, x, ldx, rows, y);
+        else if (l->group_size == 64)
+                gemv_q8_parts<NT, 2>(st, l, x, ldx, rows, y);
+        else
+                gemv_q8_parts<NT, 4>(st, l, x, ldx, rows, y);
+}
+
+void cu_gemv_q8(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y)
+{
+        if (rows <= 8)
+                gemv_q8_rows<1>(st, l, x, ldx, rows, y);
+        else
+                gemv_q8_rows<2>(st, l, x, ldx, rows, y);
+}
+
+/* One thread a 16-byte unit of the layout above: its 8 k of two outputs. */
+__global__ void k_q8_dequant(const uint4 *__restrict__ w, const float *__restrict__ sc,
+        uint32_t K, uint32_t N, uint32_t gb, __half *w16)
+{
+        size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        uint32_t nb = K / 32, tiles = (N + 15) / 16;
+        if (u >= (size_t) tiles * nb * 32)
+                return;
+        uint32_t lane = u % 32, c = (uint32_t) (u / 32 % nb), tile = (uint32_t) (u / 32 / nb);
+        uint4 v = w[u];
+        const uint8_t *q = (const uint8_t *) &v;
+        for (uint32_t h = 0; h < 2; h++) {
+                uint32_t r = lane / 4 + 8 * h, n = tile * 16 + r;
+                if (n >= N)
+                        continue;
+                float s = sc[((size_t) tile * (nb / gb) + c / gb) * 16 + r];
+                __half o[8];
+                for (int j = 0; j < 8; j++)
+                        o[j] = __float2half_rn((float) ((int) q[8 * h + j] - 128) * s);
+                *(uint4 *) (w16 + (size_t) n * K + c * 32 + 8 * (lane % 4)) = *(const uint4 *) o;
+        }
+}
+
+void cu_q8_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
+{
+        size_t units = (size_t) div_up(l->out, 16u) * (l->in / 32) * 32;
+        k_q8_dequant<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
+                l->q8w, l->q8s, l->in, l->out, l->group_size / 32, w16);
+}
+
 bool cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
         uint32_t rows, __half *hb, const CuQx *qx, const CuQx *hq)
 {

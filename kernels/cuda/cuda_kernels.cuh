@@ -69,7 +69,10 @@ typedef struct CuLinear {
         uint32_t rope_tph;   /* awq q|k|v: tiles a head, its halves paired (cu_awq_rope_tiles); 0: not */
         uint4 *qw;           /* awq: (ceil(N/16), ceil(K/64), 32) 16-byte units, see cuda_gemv.cu */
         __half2 *sz;         /* awq: scales and zeros per (group, column), see cuda_gemv.cu */
-        __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K) */
+        __half *w;           /* dense: (N, kp), zero beyond in; awq: NULL or an FP16 copy (N, K);
+                              * q8: its FP16 copy (N, K) */
+        uint4 *q8w;          /* q8: (ceil(N/16), K/32, 32) 16-byte units, see k_gemv_q8 */
+        float *q8s;          /* q8: (ceil(N/16), K/group_size, 16) scales of the tiles' outputs */
         float *bias;         /* (N) or NULL */
 } CuLinear;
 
@@ -302,6 +305,15 @@ void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint3
  * rows, groups of whole chunks). */
 void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y, size_t slice_stride, const CuQx *qx);
+
+/* y (rows, N) = x (rows, K; row stride ldx, a multiple of 8) · W of an 8-bit linear l (q8w),
+ * rows <= 16, in one slice; a row's result does not depend on the other rows. */
+void cu_gemv_q8(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y);
+
+/* w16 (N, K) = l's 8-bit weights times their scales, rounded to FP16: the copy that
+ * cuBLAS multiplies above 16 rows. */
+void cu_q8_dequant(cudaStream_t st, const CuLinear *l, __half *w16);
 
 /* hb (rows, l->out / 2) = silu(gate) * up of x · W, for a gate|up linear l with paired
  * tiles and one K slice, rows <= 16: a CTA holds a gate tile and its up tile, and its

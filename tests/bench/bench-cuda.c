@@ -22,7 +22,8 @@
  * (any value) makes decode steps sample with temperature 0.8 and top-p 0.9 instead of
  * greedily, to price sampling on the device. DSD_BENCH_UNCHAINED (any value) runs each decode
  * step through step() instead, its ids back on the host before the next is planned, to
- * price the chaining. */
+ * price the chaining. DSD_BENCH_LM_HEAD_INT8 (any value) loads the lm_head quantized to 8
+ * bits (ModelOptions.lm_head_int8). */
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdbool.h>
@@ -116,6 +117,8 @@ static double linear_bytes(const BkLinear *x)
 {
         if (x->kind == BK_LINEAR_AWQ)
                 return (double) x->in * x->out / 2 + (double) x->in / x->group_size * x->out * 4;
+        if (x->kind == BK_LINEAR_Q8)
+                return (double) x->in * x->out + (double) x->in / x->group_size * x->out * 4;
         return (double) x->in * x->out * 2;
 }
 
@@ -131,7 +134,7 @@ static double step_bytes(const BkModel *m, uint64_t kv_per_token, uint32_t ctx)
 {
         const BkConfig *c = &m->cfg;
         bool mla = bk_is_mla(c);
-        double bytes = (double) c->vocab_size * c->hidden * 2; /* fp16 lm_head */
+        double bytes = linear_bytes(&m->lm_head);
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const BkLayer *L = &m->layers[l];
                 bytes += linear_bytes(&L->o);
@@ -182,7 +185,8 @@ int main(int argc, char **argv)
         cudaMemGetInfo(&free0, &total);
 
         double t0 = now_s();
-        CHECK(model_load(argv[1], &(ModelOptions){0}, &model, &err) == 0, "%s", err.msg);
+        ModelOptions mopt = {.lm_head_int8 = getenv("DSD_BENCH_LM_HEAD_INT8") != NULL};
+        CHECK(model_load(argv[1], &mopt, &model, &err) == 0, "%s", err.msg);
         double t_map = now_s() - t0;
         CHECK(ops->create(&(BkOptions){.device = getenv("DSD_BENCH_DEVICE")}, &b, &err) == 0, "%s",
                 err.msg);

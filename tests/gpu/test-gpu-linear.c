@@ -6,7 +6,8 @@
  * gate|up with silu(gate) * up, which the GEMV of paired tiles ends in; and a GQA layer's
  * q|k|v with the rope, which the GEMV ends in up to 4 rows; o and down of one row ending in
  * the residual add and the next norm, and the GEMV after them (in CTAs of 4 warps, and of 8
- * where a warp walks 10 chunks of a unit or more). Up to 4 rows, with
+ * where a warp walks 10 chunks of a unit or more); the 8-bit lm_head's GEMV and its FP16
+ * copy for cuBLAS. Up to 4 rows, with
  * groups of whole chunks, the INT4 GEMV is the integer one (x quantized to 16 bits a chunk
  * of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on the cuBLAS path the
  * weights, to FP16). */
@@ -29,12 +30,31 @@ static double check(const BkLinear *l, uint32_t rows)
         CHECK(cuda_test_linear(l, x, rows, got, &err) == 0, "%s", err.msg);
         double e = rel_err(got, want, (size_t) rows * l->out);
         CHECK(e < TOL, "%s %u->%u rows %u: relative error %.3g",
-                l->kind == BK_LINEAR_AWQ ? "awq" : "dense", l->in, l->out, rows, e);
+                l->kind == BK_LINEAR_AWQ  ? "awq"
+                : l->kind == BK_LINEAR_Q8 ? "q8"
+                                          : "dense",
+                l->in, l->out, rows, e);
         free(x);
         free(want);
         free(got);
         free(scratch);
         return e;
+}
+
+/* An 8-bit linear as the loader makes the lm_head: bytes in -127..127, a scale a group. */
+static BkLinear rnd_q8(uint32_t in, uint32_t out, uint32_t gs)
+{
+        int8_t *q = (int8_t *) rnd_alloc((size_t) in * out);
+        float *sc = rnd_f32((size_t) out * (in / gs), 0.5e-3f, 2e-3f);
+
+        for (size_t i = 0; i < (size_t) in * out; i++)
+                q[i] = (int8_t) ((int) (rnd_u32() % 255) - 127);
+        return (BkLinear){.kind = BK_LINEAR_Q8,
+                .in = in,
+                .out = out,
+                .group_size = gs,
+                .q8 = q,
+                .q8_scales = sc};
 }
 
 /* A dense MLP's gate|up then silu(gate) * up: with paired tiles in one K slice, up to 16
@@ -223,6 +243,19 @@ int main(void)
                         s % 2 == 0, shapes[s].dt);
                 for (size_t r = 0; r < ELEMENTSOF(rows); r++)
                         worst = fmax(worst, check(&l, rows[r]));
+        }
+        /* the 8-bit lm_head: 1-8 rows in one tile of B, 9-16 in two, 37 through cuBLAS on
+         * the FP16 copy; outputs not a multiple of the 16 of a tile, groups of 32, 64, 128
+         * (one to four blocks of 32 k a group, against the kernel's rounds of four) */
+        {
+                static const uint32_t q8[][3] = {
+                        {64, 37, 64}, {96, 100, 32}, {3584, 1000, 128}, {2048, 333, 128},
+                        {160, 48, 32}, {192, 24, 64}};
+                for (size_t s = 0; s < ELEMENTSOF(q8); s++) {
+                        BkLinear l = rnd_q8(q8[s][0], q8[s][1], q8[s][2]);
+                        for (size_t r = 0; r < ELEMENTSOF(rows); r++)
+                                worst = fmax(worst, check(&l, rows[r]));
+                }
         }
         /* one slice of 128 chunks (a 70B Llama's K; 36864 outputs, 1.7 waves of CTAs) at 2
          * and 4 rows: the quantized rows' copy (34.8 and 69.6 KB) does not fit beside the
