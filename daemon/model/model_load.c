@@ -3,9 +3,11 @@
  * the only copies are of tensors whose mapped address is misaligned for their element type
  * and of linears quantized at load (to INT4, and the lm_head to 8 bits). */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "awq_pack.h"
 #include "half.h"
@@ -13,6 +15,12 @@
 #include "q8_pack.h"
 
 #define QUANT_GROUP 128
+
+/* Threads that quantize the lm_head to 8 bits, and the rows a thread takes at least: in one
+ * thread, 7B's lm_head added 2.2 s to bench-cuda's load on the H200's host (docs/PERF.md,
+ * thirty-ninth session, run 5). */
+#define Q8_THREADS  16
+#define Q8_MIN_ROWS 4096
 
 typedef struct Loader {
         Model *m;
@@ -476,28 +484,77 @@ static void widen_row(const void *w, BkDtype dt, uint32_t in, uint32_t o, float 
 /* The lm_head as 8-bit rows (q8_pack.h) in owned buffers, from w, its dense [out][in]
  * weight of dtype dt, one row at a time: a float32 copy of 7B's lm_head would take 2 GiB.
  * name is the tensor's, for messages. */
-static int quantize_q8(Loader *L, const char *name, const void *w, BkDtype dt, BkLinear *lin)
-{
-        _cleanup_free_ float *row = NULL;
-        uint32_t gs = q8_group_size(lin->in);
+/* Rows part / parts of the 8-bit lm_head; each row is quantized alone, so any split gives
+ * the same bytes. */
+typedef struct Q8Part {
+        const void *w;
+        BkDtype dt;
+        uint32_t in, out, gs, part, parts;
         int8_t *q;
         float *scales;
+        int r;
+} Q8Part;
+
+static void *quantize_q8_part(void *arg)
+{
+        Q8Part *j = arg;
+        uint32_t o0 = (uint32_t) ((uint64_t) j->out * j->part / j->parts);
+        uint32_t o1 = (uint32_t) ((uint64_t) j->out * (j->part + 1) / j->parts);
+        float *row = malloc((size_t) j->in * sizeof(*row));
+
+        if (!row) {
+                j->r = -ENOMEM;
+                return NULL;
+        }
+        for (uint32_t o = o0; o < o1; o++) {
+                widen_row(j->w, j->dt, j->in, o, row);
+                q8_quantize_row(row, j->in, j->gs, j->q + (size_t) o * j->in,
+                        j->scales + (size_t) o * (j->in / j->gs));
+        }
+        free(row);
+        return NULL;
+}
+
+static int quantize_q8(Loader *L, const char *name, const void *w, BkDtype dt, BkLinear *lin)
+{
+        uint32_t gs = q8_group_size(lin->in);
+        Q8Part parts[Q8_THREADS];
+        pthread_t tid[Q8_THREADS];
+        bool started[Q8_THREADS] = {false};
+        int8_t *q;
+        float *scales;
+        int r = 0;
 
         if (gs == 0)
                 return ds_error(L->err, -DS_ERR_UNSUPPORTED,
                         "%s: cannot quantize lm_head '%s' to 8 bits: its width %u (hidden_size) "
                         "is not a multiple of 32",
                         st_archive_name(L->m->archive), name, lin->in);
-        row = malloc((size_t) lin->in * sizeof(*row));
-        q = row ? model_alloc(L->m, (size_t) lin->out * lin->in) : NULL;
+        q = model_alloc(L->m, (size_t) lin->out * lin->in);
         scales = q ? model_alloc(L->m, (size_t) lin->out * (lin->in / gs) * sizeof(*scales)) : NULL;
         if (!scales)
                 return -ENOMEM;
-        for (uint32_t o = 0; o < lin->out; o++) {
-                widen_row(w, dt, lin->in, o, row);
-                q8_quantize_row(row, lin->in, gs, q + (size_t) o * lin->in,
-                        scales + (size_t) o * (lin->in / gs));
+
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        uint32_t n = (uint32_t) MIN((long) Q8_THREADS, MAX(cpus, 1L));
+        n = MAX(1u, MIN(n, lin->out / Q8_MIN_ROWS));
+        for (uint32_t i = 0; i < n; i++)
+                parts[i] = (Q8Part){w, dt, lin->in, lin->out, gs, i, n, q, scales, 0};
+        /* part 0 on this thread; a part whose thread cannot start runs here too */
+        for (uint32_t i = 1; i < n; i++)
+                started[i] = pthread_create(&tid[i], NULL, quantize_q8_part, &parts[i]) == 0;
+        quantize_q8_part(&parts[0]);
+        for (uint32_t i = 1; i < n; i++) {
+                if (started[i])
+                        pthread_join(tid[i], NULL);
+                else
+                        quantize_q8_part(&parts[i]);
         }
+        for (uint32_t i = 0; i < n; i++)
+                r = r < 0 ? r : parts[i].r;
+        if (r < 0)
+                return ds_error(L->err, r, "%s: quantizing lm_head '%s' to 8 bits: out of memory",
+                        st_archive_name(L->m->archive), name);
 
         *lin = (BkLinear){.kind = BK_LINEAR_Q8,
                 .in = lin->in,
