@@ -43,9 +43,9 @@ typedef struct BkLinear {
         uint32_t group_size;     /* AWQ: 32, 64 or 128; Q8: 32, 64 or 128 dividing in */
         /* Q8: y[o] = sum over groups g of q8_scales[o][g] * (sum over k of g of
          * q8[o][k] * x[k]), q8 in -127..127 (see daemon/model/q8_pack.h) */
-        const int8_t *q8;        /* Q8: [out][in] */
-        const float *q8_scales;  /* Q8: [out][in / group_size] */
-        BkTensor bias;           /* [out], data NULL when the layer has none */
+        const int8_t *q8;       /* Q8: [out][in] */
+        const float *q8_scales; /* Q8: [out][in / group_size] */
+        BkTensor bias;          /* [out], data NULL when the layer has none */
 } BkLinear;
 
 typedef enum BkArch {

@@ -8,8 +8,8 @@
 #include "cpu_fixture.h"
 #include "gpu_util.h"
 
-#define TOL        1e-2
-#define MARGIN_MIN 1e-2
+#define TOL         1e-2
+#define MARGIN_MIN  1e-2
 #define MARGIN_INT8 0.5
 
 static const char *const fixtures[] = {
@@ -69,8 +69,8 @@ static double check_fixture(const char *dir, bool int8)
         for (uint32_t i = 0; i < g.n_new && (int8 || g.margins[i] >= MARGIN_MIN); i++) {
                 if (!int8 || g.margins[i] >= MARGIN_INT8) {
                         CHECK(id == g.new_ids[i],
-                                "%s%s: step %u: id %d, transformers %d (margin %.3g)", dir, head,
-                                i, id, g.new_ids[i], g.margins[i]);
+                                "%s%s: step %u: id %d, transformers %d (margin %.3g)", dir, head, i,
+                                id, g.new_ids[i], g.margins[i]);
                         compared++;
                 }
                 id = step(b, &g.new_ids[i], 1, g.n_prompt + i, NULL);

@@ -248,9 +248,8 @@ int main(void)
          * the FP16 copy; outputs not a multiple of the 16 of a tile, groups of 32, 64, 128
          * (one to four blocks of 32 k a group, against the kernel's rounds of four) */
         {
-                static const uint32_t q8[][3] = {
-                        {64, 37, 64}, {96, 100, 32}, {3584, 1000, 128}, {2048, 333, 128},
-                        {160, 48, 32}, {192, 24, 64}};
+                static const uint32_t q8[][3] = {{64, 37, 64}, {96, 100, 32}, {3584, 1000, 128},
+                        {2048, 333, 128}, {160, 48, 32}, {192, 24, 64}};
                 for (size_t s = 0; s < ELEMENTSOF(q8); s++) {
                         BkLinear l = rnd_q8(q8[s][0], q8[s][1], q8[s][2]);
                         for (size_t r = 0; r < ELEMENTSOF(rows); r++)
