@@ -481,9 +481,6 @@ static void widen_row(const void *w, BkDtype dt, uint32_t in, uint32_t o, float 
         }
 }
 
-/* The lm_head as 8-bit rows (q8_pack.h) in owned buffers, from w, its dense [out][in]
- * weight of dtype dt, one row at a time: a float32 copy of 7B's lm_head would take 2 GiB.
- * name is the tensor's, for messages. */
 /* Rows part / parts of the 8-bit lm_head; each row is quantized alone, so any split gives
  * the same bytes. */
 typedef struct Q8Part {
@@ -515,6 +512,9 @@ static void *quantize_q8_part(void *arg)
         return NULL;
 }
 
+/* The lm_head as 8-bit rows (q8_pack.h) in owned buffers, from w, its dense [out][in]
+ * weight of dtype dt, a row at a time in each thread: a float32 copy of 7B's lm_head would
+ * take 2 GiB. name is the tensor's, for messages. */
 static int quantize_q8(Loader *L, const char *name, const void *w, BkDtype dt, BkLinear *lin)
 {
         uint32_t gs = q8_group_size(lin->in);
