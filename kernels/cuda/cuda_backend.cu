@@ -7,8 +7,9 @@
  * A step's tokens are dealt into tiles (rows, attention items, block-table entries and
  * logits rows bounded by the scratch sized at load); each tile runs through every layer.
  * Up to 16 rows an AWQ linear is the tensor-core INT4 GEMV (dense ones the FP16 GEMV, in
- * passes of GEMV_ROWS); above, cuBLAS multiplies the resident FP16 copy of the weight (or
- * one dequantized into scratch) with float32 accumulation.
+ * passes of GEMV_ROWS, or for 2-16 rows of a wide one its tensor-core form); above, cuBLAS
+ * multiplies the resident FP16 copy of the weight (or one dequantized into scratch) with
+ * float32 accumulation.
  *
  * A step made only of single-token decodes replays a CUDA graph captured once per batch
  * bucket (1, 2, 4, ...): the step's metadata (tokens, positions, slots, block tables,
@@ -24,8 +25,9 @@
  * work items of k_attention merged by k_attention_combine.
  *
  * Every row of a sequence is computed by the same kernels in the same order whatever else
- * is in the step, as long as the step's row count stays on the same side of the
- * GEMV/cuBLAS switch: cuBLAS's own blocking is not ours to fix. */
+ * is in the step, as long as the step's row count stays in the same batch-size class (one
+ * row, the GEMVs' classes up to 16, cuBLAS above; docs/design-notes.md): cuBLAS's own
+ * blocking is not ours to fix. */
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,6 +46,9 @@ extern "C" {
 
 /* Rows above which a linear goes through cuBLAS instead of the GEMV. */
 #define GEMV_MAX_ROWS 16
+/* Rows from which a wide dense FP16 linear (the lm_head) multiplies on tensor cores
+ * (cu_gemv_h16) instead of k_gemv_dense, which streams faster at one row. */
+#define H16_MIN_ROWS 2
 /* Rows of one pass of the expert GEMV: an expert with more takes one slot per pass. */
 #define EXPERT_PASS 8
 /* Scratch bounds of one tile. */
@@ -1501,6 +1506,10 @@ static uint32_t linear(Backend *b, const CuLinear *l, const __half *x, uint32_t 
 {
         if (rows <= GEMV_MAX_ROWS && l->q8w) {
                 cu_gemv_q8(b->st, l, x, l->in, rows, y);
+                return 1;
+        }
+        if (rows >= H16_MIN_ROWS && rows <= GEMV_MAX_ROWS && cu_h16_takes(l, b->n_sm, x, l->in)) {
+                cu_gemv_h16(b->st, l, x, l->in, rows, y);
                 return 1;
         }
         if (rows <= GEMV_MAX_ROWS) {

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The GEMVs (INT4 AWQ up to 16 rows, and per MoE expert through shared-memory stages; dense
- * FP16 up to GEMV_ROWS; an MLA layer's o at one row with its input made in its prologue),
+ * FP16 up to GEMV_ROWS, and on tensor cores up to 16; 8-bit up to 16; an MLA layer's o at one
+ * row with its input made in its prologue),
  * the grouped INT4 GEMM of MoE experts with many rows, the AWQ repack that lays the weights
  * out for them, and the dequantization the cuBLAS path multiplies (see cuda_kernels.cuh). */
 extern "C" {
@@ -2337,6 +2338,45 @@ __device__ __forceinline__ void q8_unpack(uint4 v, uint32_t (*a)[4])
         a[1][3] = p[1];
 }
 
+/* The end of a tile of 16 outputs whose K ran in KS parts, the consecutive warps of one
+ * CTA (k_gemv_q8, k_gemv_h16): the parts meet in shared memory (red: a [NT * 4][32] a warp
+ * of the CTA), added in part order, and part 0 stores the tile's outputs of the rows of x.
+ * Every warp of the CTA comes here (KS > 1: its barrier). */
+template <int NT, int KS>
+__device__ __forceinline__ void tile_parts_store(float (*acc)[4], float (*red)[NT * 4][32],
+        uint32_t part, bool live, uint32_t tile, uint32_t rows, float *y, uint32_t N)
+{
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+        if (KS > 1) {
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                                red[warp][nt * 4 + j][lane] = acc[nt][j];
+                __syncthreads();
+                if (part != 0 || !live)
+                        return;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+#pragma unroll
+                                for (int p = 1; p < KS; p++)
+                                        acc[nt][j] += red[warp + p][nt * 4 + j][lane];
+        }
+        uint32_t v = tile * 16 + g;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+                uint32_t n = nt * 8 + 2 * t;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                        uint32_t vj = v + (j / 2) * 8, nj = n + j % 2;
+                        if (vj < N && nj < rows)
+                                y[(size_t) nj * N + vj] = acc[nt][j];
+                }
+        }
+}
+
 /* KS warps of a CTA a tile of 16 outputs, each a KS-th of K in whole groups (no slices
  * across CTAs: the lm_head has tiles enough), NT tiles of 8 rows of x, GB blocks of 32 k a
  * group, U blocks' weights in flight a lane. Each group sums into its own accumulators,
@@ -2426,35 +2466,7 @@ __global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
                         }
                 }
         }
-        if (KS > 1) {
-                /* the K parts of a tile meet in shared memory, added in part order */
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                                red[warp][nt * 4 + j][lane] = acc[nt][j];
-                __syncthreads();
-                if (part != 0 || !live)
-                        return;
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-#pragma unroll
-                                for (int p = 1; p < KS; p++)
-                                        acc[nt][j] += red[warp + p][nt * 4 + j][lane];
-        }
-        uint32_t v = tile * 16 + g;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-                uint32_t n = nt * 8 + 2 * t;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                        uint32_t vj = v + (j / 2) * 8, nj = n + j % 2;
-                        if (vj < N && nj < rows)
-                                y[(size_t) nj * N + vj] = acc[nt][j];
-                }
-        }
+        tile_parts_store<NT, KS>(acc, red, part, live, tile, rows, y, N);
 }
 
 /* The most K parts a tile (warps of one CTA, up to 4) that hold whole groups each. Shorter
@@ -2526,6 +2538,119 @@ void cu_q8_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
         size_t units = (size_t) div_up(l->out, 16u) * (l->in / 32) * 32;
         k_q8_dequant<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
                 l->q8w, l->q8s, l->in, l->out, l->group_size / 32, w16);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * FP16 GEMV on tensor cores, for 2-16 rows of a wide dense linear (the lm_head) */
+
+/* k_gemv_dense multiplies on the CUDA cores, each row of x again: at 8 rows 7B's FP16
+ * lm_head took about 2.3 times its streaming time, and 9-16 rows read its weights twice.
+ * Here the FP16 weights, row-major as they are, are mma.m16n8k16's A operand, with
+ * k_gemv_q8's order of k in each block of 32: lane (g, t) loads outputs g's and g + 8's 16
+ * bytes at k 8t .. 8t + 7 (two loads, each 64 contiguous bytes of a row for a lane quad)
+ * and x[n][8t .. 8t + 7] in one. So a row's result does not depend on the other rows, and
+ * 2-8 rows (one tile of B) and 9-16 (two) give a row the same bits. KS warps of a CTA take a
+ * tile's K in parts, U blocks' weights (64 bytes) in flight a lane at 5 CTAs an SM, as in
+ * k_gemv_q8: 7B batch 8 11.2% faster than k_gemv_dense, V2-Lite 4.7%, where 128 bytes at 4
+ * CTAs gave 10.8% and 4.3%. At one row it streams slower than k_gemv_dense (7B's lm_head in
+ * 266 us against 244, V2-Lite's in 102 against 98; docs/PERF.md, fortieth session), which
+ * keeps that row (inferred, not profiled: a quad's four lanes read 64 bytes of a row, half a
+ * line, where k_gemv_dense's eight read a whole one). Outputs past N read row N - 1 and are not
+ * stored. */
+#define H16_U 2
+
+template <int NT, int U, int KS>
+__global__ void __launch_bounds__(256, NT == 1 ? 5 : 4)
+        k_gemv_h16(const __half *__restrict__ w, uint32_t kp, const __half *x, uint32_t ldx,
+                uint32_t rows, float *y, uint32_t K, uint32_t N)
+{
+        __shared__ float red[KS > 1 ? 8 : 1][NT * 4][32];
+        uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        uint32_t tile = blockIdx.x * (8 / KS) + warp / KS, part = warp % KS;
+        uint32_t nb = K / 32, g = lane / 4, t = lane % 4;
+        uint32_t b0 = nb * part / KS, nbk = nb * (part + 1) / KS - b0;
+        bool live = tile < (N + 15) / 16;
+        uint32_t n0 = min(tile * 16 + g, N - 1), n1 = min(tile * 16 + g + 8, N - 1);
+        const uint4 *w0 = (const uint4 *) (w + (size_t) n0 * kp + b0 * 32 + 8 * t);
+        uint32_t d1 = (n1 - n0) * (kp / 8); /* output g + 8's row, in 16-byte units */
+        uint4 wa[U], wb[U];
+        auto load = [&](uint32_t c0) {
+#pragma unroll
+                for (int i = 0; i < U; i++)
+                        if (c0 + i < nbk) {
+                                wa[i] = ld_stream(w0 + (c0 + i) * 4);
+                                wb[i] = ld_stream(w0 + (c0 + i) * 4 + d1);
+                        }
+        };
+        /* the weights are constant: the first loads go out before the wait on the kernel
+         * that writes x, as in k_gemv_dense */
+        if (live)
+                load(0);
+        pdl_wait();
+        pdl_trigger();
+        if (KS == 1 && !live)
+                return;
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                        acc[nt][j] = 0.0f;
+        const __half *xr[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+                xr[nt] = nt * 8 + g < rows ? x + (size_t) (nt * 8 + g) * ldx + b0 * 32 + 8 * t
+                                           : NULL;
+
+        for (uint32_t c0 = 0; live && c0 < nbk; c0 += U) {
+                if (c0 != 0)
+                        load(c0);
+#pragma unroll
+                for (int i = 0; i < U; i++) {
+                        uint32_t c = c0 + i;
+                        if (c >= nbk)
+                                break;
+                        /* step 0: k 8t .. 8t + 3 (words x, y), step 1: 8t + 4 .. 8t + 7 */
+                        uint32_t a0[4] = {wa[i].x, wb[i].x, wa[i].y, wb[i].y};
+                        uint32_t a1[4] = {wa[i].z, wb[i].z, wa[i].w, wb[i].w};
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++) {
+                                uint4 xv = xr[nt] ? *(const uint4 *) (xr[nt] + c * 32)
+                                                  : make_uint4(0, 0, 0, 0);
+                                mma16816(acc[nt], a0, make_uint2(xv.x, xv.y));
+                                mma16816(acc[nt], a1, make_uint2(xv.z, xv.w));
+                        }
+                }
+        }
+        tile_parts_store<NT, KS>(acc, red, part, live, tile, rows, y, N);
+}
+
+bool cu_h16_takes(const CuLinear *l, int n_sm, const __half *x, uint32_t ldx)
+{
+        return !l->awq && !l->q8w && l->w && l->in % 32 == 0 && l->kp % 8 == 0 &&
+               ldx % 8 == 0 && (uintptr_t) x % 16 == 0 && div_up(l->out, 16u) >= (uint32_t) n_sm;
+}
+
+template <int NT>
+static void gemv_h16_rows(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
+        uint32_t rows, float *y)
+{
+        uint32_t tiles = div_up(l->out, 16u);
+        if (l->in / 32 >= 4 * H16_U)
+                k_gemv_h16<NT, H16_U, 4><<<div_up(tiles, 2u), 256, 0, st>>>(
+                        l->w, l->kp, x, ldx, rows, y, l->in, l->out);
+        else
+                k_gemv_h16<NT, H16_U, 1><<<div_up(tiles, 8u), 256, 0, st>>>(
+                        l->w, l->kp, x, ldx, rows, y, l->in, l->out);
+}
+
+void cu_gemv_h16(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y)
+{
+        if (rows <= 8)
+                gemv_h16_rows<1>(st, l, x, ldx, rows, y);
+        else
+                gemv_h16_rows<2>(st, l, x, ldx, rows, y);
 }
 
 bool cu_gemv_gate_up(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,

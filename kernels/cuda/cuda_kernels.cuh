@@ -311,6 +311,18 @@ void cu_gemv(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, 
 void cu_gemv_q8(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y);
 
+/* Whether cu_gemv_h16 takes the dense FP16 linear l with x (row stride ldx) on a device of
+ * n_sm SMs: K a multiple of 32, x and its rows 16-byte aligned, and at least a tile of 16
+ * outputs an SM (the lm_head; a narrow linear, the MoE router, keeps k_gemv_dense's K
+ * slices). */
+bool cu_h16_takes(const CuLinear *l, int n_sm, const __half *x, uint32_t ldx);
+
+/* y (rows, N) = x (rows, K; row stride ldx) · W of a dense FP16 linear that cu_h16_takes,
+ * rows <= 16, on tensor cores, in one slice; a row's result does not depend on the other
+ * rows. */
+void cu_gemv_h16(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
+        float *y);
+
 /* w16 (N, K) = l's 8-bit weights times their scales, rounded to FP16: the copy that
  * cuBLAS multiplies above 16 rows. */
 void cu_q8_dequant(cudaStream_t st, const CuLinear *l, __half *w16);

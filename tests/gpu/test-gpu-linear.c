@@ -2,15 +2,14 @@
 /* The CUDA linear paths against cpu_linear on random weights and inputs: the INT4 GEMV
  * (1..16 rows, in passes of 8; at 1 and 2 rows over long K slices with x in shared
  * memory), the dequantize + cuBLAS path (more rows), and the dense
- * FP16 paths, on shapes that are not multiples of the kernels' tiles; a dense MLP's
- * gate|up with silu(gate) * up, which the GEMV of paired tiles ends in; and a GQA layer's
- * q|k|v with the rope, which the GEMV ends in up to 4 rows; o and down of one row ending in
- * the residual add and the next norm, and the GEMV after them (in CTAs of 4 warps, and of 8
- * where a warp walks 10 chunks of a unit or more); the 8-bit lm_head's GEMV and its FP16
- * copy for cuBLAS. Up to 4 rows, with
- * groups of whole chunks, the INT4 GEMV is the integer one (x quantized to 16 bits a chunk
- * of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on the cuBLAS path the
- * weights, to FP16). */
+ * FP16 paths (on tensor cores at 2-16 rows of a wide linear), on shapes that are not multiples of
+ * the kernels' tiles; a dense MLP's gate|up with silu(gate) * up, which the GEMV of paired tiles
+ * ends in; and a GQA layer's q|k|v with the rope, which the GEMV ends in up to 4 rows; o and down
+ * of one row ending in the residual add and the next norm, and the GEMV after them (in CTAs of 4
+ * warps, and of 8 where a warp walks 10 chunks of a unit or more); the 8-bit lm_head's GEMV and its
+ * FP16 copy for cuBLAS. Up to 4 rows, with groups of whole chunks, the INT4 GEMV is the integer one
+ * (x quantized to 16 bits a chunk of 64). Tolerance: relative error 3e-3 (the GPU rounds x, and on
+ * the cuBLAS path the weights, to FP16). */
 #include "gpu_util.h"
 
 #define TOL 3e-3
@@ -39,6 +38,27 @@ static double check(const BkLinear *l, uint32_t rows)
         free(got);
         free(scratch);
         return e;
+}
+
+/* A row's bits do not depend on the other rows within a batch-size class: the first r rows
+ * of 16 come out the same alone as with the others, r from 2 to 15 (one tile of B up to 8
+ * rows, two above: one class of the tensor-core GEMVs). */
+static void check_rows_alone(const BkLinear *l)
+{
+        DsError err = {0};
+        float *x = rnd_f32((size_t) 16 * l->in, -2.0f, 2.0f);
+        float *all = (float *) rnd_alloc((size_t) 16 * l->out * 4);
+        float *some = (float *) rnd_alloc((size_t) 16 * l->out * 4);
+
+        CHECK(cuda_test_linear(l, x, 16, all, &err) == 0, "%s", err.msg);
+        for (uint32_t r = 2; r < 16; r += r < 8 ? 3 : 1) {
+                CHECK(cuda_test_linear(l, x, r, some, &err) == 0, "%s", err.msg);
+                CHECK(memcmp(some, all, (size_t) r * l->out * 4) == 0,
+                        "%u->%u: the first %u of 16 rows alone give other bits", l->in, l->out, r);
+        }
+        free(x);
+        free(all);
+        free(some);
 }
 
 /* An 8-bit linear as the loader makes the lm_head: bytes in -127..127, a scale a group. */
@@ -233,6 +253,12 @@ int main(void)
                 {false, 64, 174, 0, BK_DT_F32},
                 {false, 512, 1000, 0, BK_DT_F16},
                 {false, 30, 9, 0, BK_DT_F16},
+                /* a tile of 16 outputs an SM or more (the H200's 132): 2-16 rows on tensor
+                 * cores (cu_gemv_h16), K in 4 parts and in 1, outputs not a multiple of 16;
+                 * then a K that is not a multiple of 32, which keeps the CUDA-core GEMV */
+                {false, 2048, 4000, 0, BK_DT_F16},
+                {false, 96, 2200, 0, BK_DT_F16},
+                {false, 1000, 2200, 0, BK_DT_F16},
         };
         static const uint32_t rows[] = {1, 2, 3, 4, 5, 8, 13, 16, 37};
         double worst = 0;
@@ -243,6 +269,11 @@ int main(void)
                         s % 2 == 0, shapes[s].dt);
                 for (size_t r = 0; r < ELEMENTSOF(rows); r++)
                         worst = fmax(worst, check(&l, rows[r]));
+        }
+        /* the tensor-core FP16 GEMV's two shapes above, K in 4 parts and in 1 */
+        for (uint32_t k = 0; k < 2; k++) {
+                BkLinear l = rnd_linear(false, k ? 96 : 2048, k ? 2200 : 4000, 0, false, BK_DT_F16);
+                check_rows_alone(&l);
         }
         /* the 8-bit lm_head: 1-8 rows in one tile of B, 9-16 in two, 37 through cuBLAS on
          * the FP16 copy; outputs not a multiple of the 16 of a tile, groups of 32, 64, 128
