@@ -8,7 +8,7 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
-#        [--trace L,...] [--ncu L,...] [--sass L,...] [--gemv]
+#        [--trace L,...] [--trace-batch N] [--ncu L,...] [--sass L,...] [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
@@ -19,7 +19,8 @@
 #        --gpu: first builds the revisions labelled L in full (their benches use those
 #        builds) and runs their gpu suites (a failure is reported, the timing goes on).
 #        --trace: after the benches, a batch-1 kernel trace (tests/bench/kernel-trace.c) of each
-#        shape for the revisions labelled L, under their .env, its first lines printed. --ncu: after
+#        shape for the revisions labelled L, under their .env, its first lines printed (at batch
+#        N with --trace-batch N). --ncu: after
 #        those, Nsight Compute on the batch-1 GEMVs of each shape for the revisions labelled L (8
 #        launches from the 400th, each alone at the base clock, so slower than in the step): a line
 #        per launch (µs, DRAM TB/s, instructions issued a cycle a scheduler, warps an SM), the whole
@@ -85,6 +86,7 @@ run() {
         rounds=2
         gpu=
         trace=
+        trace_batch=1
         ncu=
         sass=
         gemv=
@@ -96,6 +98,7 @@ run() {
                 --rounds) rounds=$2 ;;
                 --gpu) gpu=$2 ;;
                 --trace) trace=$2 ;;
+                --trace-batch) trace_batch=$2 ;;
                 --ncu) ncu=$2 ;;
                 --sass) sass=$2 ;;
                 --gemv) gemv=1 n=1 ;;
@@ -238,12 +241,12 @@ run() {
                         for s in $(echo "$shapes" | tr ',' ' '); do
                                 (
                                         [ -f "$ab/$l.env" ] && set -a && . "$root/$ab/$l.env"
-                                        DSD_BENCH_ONLY=b1 \
+                                        DSD_BENCH_ONLY=b$trace_batch \
                                                 CUDA_INJECTION64_PATH="$(bdir "$l")/tests/bench/libkernel-trace.so" \
                                                 "$(bdir "$l")/tests/bench/bench-cuda" "$work/ck-$s" \
                                                 >/dev/null 2>"$out/trace-$l-$s.log"
                                 ) || true
-                                echo "trace of $l, $s, batch 1:"
+                                echo "trace of $l, $s, batch $trace_batch:"
                                 head -16 "$out/trace-$l-$s.log"
                         done
                 done

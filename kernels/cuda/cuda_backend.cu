@@ -1983,24 +1983,41 @@ static uint32_t seq_blocks(const Backend *b, const BkSeq *s)
         return div_up(s->pos + s->n_tokens, b->block_tokens);
 }
 
+/* Items of one wave of k_attention_heads: its blocks, an item and a KV head, are two an SM
+ * at its registers (118-128 a thread, docs/design-notes.md). */
+static uint32_t att_wave(const Backend *b)
+{
+        return MAX(1u, 2 * (uint32_t) b->n_sm / b->cfg.n_kv_heads);
+}
+
 /* Positions per attention item of a row at pos of s, in a step of n_seqs sequences. In a
  * step of at most ATT_SMALL_STEP sequences, a decode row (its sequence brings one token)
- * is cut into items of 16..ATT_CHUNK positions, at most 64 items a row up to 8192
- * positions, so that a few sequences at a short context still spread over the SMs; other
- * rows take ATT_CHUNK (a larger batch fills the SMs anyway, and an item's chain of
- * dependent loads costs about the same at 16 positions as at 128). The partition, hence
- * a row's float rounding, depends on the row and the step's sequence count only: graphs
- * and eager steps of the same sequences agree, but a sequence decoded with more than
- * ATT_SMALL_STEP others may round differently than alone. MLA decode rows of a small step
- * are cut the same way from one chunk of the latent kernel up (a shorter item costs that
- * kernel as much and the combine more); other MLA rows take MLA_ITEM. */
+ * is cut into items of 16..ATT_CHUNK positions, at most att_row_items a row (up to
+ * ATT_CHUNK times as many positions), so that a few sequences at a short context still
+ * spread over the SMs; other rows take ATT_CHUNK (a larger batch fills the SMs anyway, and
+ * an item's chain of dependent loads costs about the same at 16 positions as at 128). The
+ * partition, hence a row's float rounding, depends on the row and the step's sequence
+ * count only: graphs and eager steps of the same sequences agree, but a sequence decoded
+ * with more than ATT_SMALL_STEP others may round differently than alone. MLA decode rows
+ * of a small step are cut the same way from one chunk of the latent kernel up (a shorter
+ * item costs that kernel as much and the combine more); other MLA rows take MLA_ITEM. */
 #define ATT_SMALL_STEP 8u
+
+/* Items a decode row of a small step of n_seqs sequences is cut into at most: 64, and for
+ * GQA the row's share of one wave of k_attention_heads's blocks (att_wave), so that the
+ * graphs' grids can be one wave (graph_launch). */
+static uint32_t att_row_items(const Backend *b, uint32_t n_seqs)
+{
+        if (b->mla)
+                return 64;
+        return MIN(64u, MAX(1u, att_wave(b) / n_seqs));
+}
 
 static uint32_t att_chunk(const Backend *b, const BkSeq *s, uint32_t pos, uint32_t n_seqs)
 {
         if (s->n_tokens != 1 || n_seqs > ATT_SMALL_STEP)
                 return b->mla ? MLA_ITEM : ATT_CHUNK;
-        uint32_t c = b->mla ? MLA_CHUNK : 16, want = div_up(pos + 1, 64);
+        uint32_t c = b->mla ? MLA_CHUNK : 16, want = div_up(pos + 1, att_row_items(b, n_seqs));
         while (c < want && c < ATT_CHUNK)
                 c *= 2;
         return c;
@@ -2385,12 +2402,20 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                 CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal),
                         "graph capture");
                 /* Blocks along items: the kernel loops, so any count gives the same result.
-                 * A decode row in a small step has at most 64 items up to 8192 positions
+                 * A decode row in a small step of n <= bucket sequences has at most
+                 * att_row_items(n) items up to ATT_CHUNK times as many positions
                  * (att_chunk), so one block per item there: an item is a chain of
-                 * dependent loads, and a block looping over items waits on each in turn. */
+                 * dependent loads, and a block looping over items waits on each in turn.
+                 * For GQA the grid is one wave of blocks, which holds any n's items up to
+                 * there: at 7B batch 8 a grid of 64 items a row (2048 blocks, 1056 of them
+                 * with an item of 16 positions) took 15.4 us a layer, and one wave (264, 160
+                 * of them with an item of 128) 13.5: batch 8 -1.5% (docs/PERF.md, fortieth
+                 * session). */
                 bool small = bucket <= ATT_SMALL_STEP;
-                forward(b, bucket, bucket, small ? bucket * 64u : (uint32_t) b->n_sm * 2, small,
-                        small);
+                uint32_t items = bucket * 64u;
+                if (!b->mla)
+                        items = MIN(items, MAX(bucket, att_wave(b)));
+                forward(b, bucket, bucket, small ? items : (uint32_t) b->n_sm * 2, small, small);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 cudaError_t e = cudaSuccess;
