@@ -2551,7 +2551,7 @@ void cu_q8_dequant(cudaStream_t st, const CuLinear *l, __half *w16)
  * and x[n][8t .. 8t + 7] in one. So a row's result does not depend on the other rows, and
  * 2-8 rows (one tile of B) and 9-16 (two) give a row the same bits. KS warps of a CTA take a
  * tile's K in parts, U blocks' weights (64 bytes) in flight a lane at 5 CTAs an SM, as in
- * k_gemv_q8: 7B batch 8 11.2% faster than k_gemv_dense, V2-Lite 4.7%, where 128 bytes at 4
+ * k_gemv_q8: 7B batch 8 11.3% faster than k_gemv_dense, V2-Lite 4.7%, where 128 bytes at 4
  * CTAs gave 10.8% and 4.3%. At one row it streams slower than k_gemv_dense (7B's lm_head in
  * 266 us against 244, V2-Lite's in 102 against 98; docs/PERF.md, fortieth session), which
  * keeps that row (inferred, not profiled: a quad's four lanes read 64 bytes of a row, half a
