@@ -2013,6 +2013,16 @@ static uint32_t att_row_items(const Backend *b, uint32_t n_seqs)
         return MIN(64u, MAX(1u, att_wave(b) / n_seqs));
 }
 
+/* Item blocks a decode graph of bucket rows launches: the most items that att_row_items
+ * lets a step of up to bucket sequences have, for GQA one wave of blocks. */
+static uint32_t att_graph_items(const Backend *b, uint32_t bucket)
+{
+        uint32_t most = 0;
+        for (uint32_t n = 1; n <= bucket; n++)
+                most = MAX(most, n * att_row_items(b, n));
+        return most;
+}
+
 static uint32_t att_chunk(const Backend *b, const BkSeq *s, uint32_t pos, uint32_t n_seqs)
 {
         if (s->n_tokens != 1 || n_seqs > ATT_SMALL_STEP)
@@ -2406,16 +2416,13 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                  * att_row_items(n) items up to ATT_CHUNK times as many positions
                  * (att_chunk), so one block per item there: an item is a chain of
                  * dependent loads, and a block looping over items waits on each in turn.
-                 * For GQA the grid is one wave of blocks, which holds any n's items up to
-                 * there: at 7B batch 8 a grid of 64 items a row (2048 blocks, 1056 of them
-                 * with an item of 16 positions) took 15.4 us a layer, and one wave (264, 160
-                 * of them with an item of 128) 13.5: batch 8 -1.5% (docs/PERF.md, fortieth
-                 * session). */
+                 * For GQA that is one wave of blocks: at 7B batch 8 a grid of 64 items a
+                 * row (2048 blocks, 1056 of them with an item of 16 positions) took 15.4 us
+                 * a layer, and one wave (264, 160 of them with an item of 128) 13.5: batch 8
+                 * -1.5% (docs/PERF.md, fortieth session). */
                 bool small = bucket <= ATT_SMALL_STEP;
-                uint32_t items = bucket * 64u;
-                if (!b->mla)
-                        items = MIN(items, MAX(bucket, att_wave(b)));
-                forward(b, bucket, bucket, small ? items : (uint32_t) b->n_sm * 2, small, small);
+                forward(b, bucket, bucket,
+                        small ? att_graph_items(b, bucket) : (uint32_t) b->n_sm * 2, small, small);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 cudaError_t e = cudaSuccess;
