@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pwd.h>
 #include <stdio.h>
@@ -59,6 +60,7 @@ static const ConfigField config_fields[] = {
         F("device", FT_U32, device, 0, 255, "0"),
         F("quantize_at_load", FT_BOOL, quantize_at_load, 0, 0, "false"),
         F("lm_head_int8", FT_BOOL, lm_head_int8, 0, 0, "false"),
+        F("lm_head_screen", FT_BOOL, lm_head_screen, 0, 0, "true"),
         F("limits.context_length", FT_U32, limits.context_length, 0, 1 << 24, "0"),
         F("limits.max_batch", FT_U32, limits.max_batch, 1, 1024, "16"),
         F("limits.queue_length", FT_U32, limits.queue_length, 0, 65536, "256"),
@@ -110,6 +112,11 @@ const char *config_backend_to_string(ConfigBackend b)
 const char *config_bus_to_string(ConfigBus b)
 {
         return b >= 0 && b < _CONFIG_BUS_MAX ? bus_names[b] : NULL;
+}
+
+void config_device(const DsdConfig *c, char *buf, size_t size)
+{
+        snprintf(buf, size, "%" PRIu32 "%s", c->device, c->lm_head_screen ? "" : " no-screen");
 }
 
 static void cjson_deletep(cJSON **j)

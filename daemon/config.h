@@ -49,6 +49,9 @@ typedef struct DsdConfig {
         uint32_t device; /* CUDA device index; ignored by the CPU backend */
         bool quantize_at_load;
         bool lm_head_int8; /* the lm_head as 8-bit rows at load (daemon/model/q8_pack.h) */
+        /* the CUDA backend screens greedy rows through an 8-bit copy of a dense FP16
+         * lm_head (kernels/cuda/cuda_screen.cu) */
+        bool lm_head_screen;
         ConfigLimits limits;
         char socket_path[CONFIG_SOCKET_PATH_MAX];
         mode_t socket_mode;
@@ -64,6 +67,10 @@ typedef struct DsdConfig {
 
 const char *config_backend_to_string(ConfigBackend b);
 const char *config_bus_to_string(ConfigBus b);
+
+/* The CUDA backend's BkOptions.device for c: its device index, then the words its fields
+ * ask for (" no-screen" without lm_head_screen). */
+void config_device(const DsdConfig *c, char *buf, size_t size);
 
 /* Fills c with the defaults of every field. */
 void config_init(DsdConfig *c);

@@ -64,6 +64,9 @@ static void help(void)
                "  --lm-head-int8       quantize the lm_head to 8 bits a weight (a float32 scale\n"
                "                       per group of 128 inputs) at load: the GPU reads half its\n"
                "                       bytes at 1-16 rows; logits move by about 0.6%%\n"
+               "  --no-lm-head-screen  keep no 8-bit copy of an FP16 lm_head on the GPU (half\n"
+               "                       its size again), which greedy rows otherwise read\n"
+               "                       instead, with the same ids\n"
                "  --threads N          CPU backend threads, at least 1 (default 1)\n"
                "  --kv-bytes N         KV cache budget in bytes (default: "
                "limits.kv_memory_fraction\n"
@@ -197,6 +200,7 @@ static int parse_argv(int argc, char **argv)
                 ARG_BACKEND,
                 ARG_QUANTIZE,
                 ARG_LM_HEAD_INT8,
+                ARG_NO_LM_HEAD_SCREEN,
                 ARG_THREADS,
                 ARG_VERSION,
                 ARG_KV_BYTES,
@@ -231,6 +235,7 @@ static int parse_argv(int argc, char **argv)
                 {"backend", required_argument, NULL, ARG_BACKEND},
                 {"quantize-at-load", no_argument, NULL, ARG_QUANTIZE},
                 {"lm-head-int8", no_argument, NULL, ARG_LM_HEAD_INT8},
+                {"no-lm-head-screen", no_argument, NULL, ARG_NO_LM_HEAD_SCREEN},
                 {"threads", required_argument, NULL, ARG_THREADS},
                 {"kv-bytes", required_argument, NULL, ARG_KV_BYTES},
                 {"socket", required_argument, NULL, ARG_SOCKET},
@@ -328,6 +333,9 @@ static int parse_argv(int argc, char **argv)
                 case ARG_LM_HEAD_INT8:
                         arg_lm_head_int8 = true;
                         r = add_override("--lm-head-int8", "lm_head_int8", "true");
+                        break;
+                case ARG_NO_LM_HEAD_SCREEN:
+                        r = add_override("--no-lm-head-screen", "lm_head_screen", "false");
                         break;
                 case ARG_THREADS:
                         r = parse_u32_nonzero("--threads", optarg, &arg_threads);
@@ -472,7 +480,7 @@ int main(int argc, char **argv)
         DsError err = {};
         GenResult res = {};
         DsdConfig c;
-        char device[16];
+        char device[32];
         int r;
 
         if (parse_argv(argc, argv) < 0)
@@ -489,7 +497,7 @@ int main(int argc, char **argv)
                 return EXIT_FAILURE;
         }
         log_set_max_level(c.log_level);
-        snprintf(device, sizeof(device), "%" PRIu32, c.device);
+        config_device(&c, device, sizeof(device));
         EngineOptions eo = {
                 .backend = arg_backend,
                 .quantize_int4 = arg_quantize,

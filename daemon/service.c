@@ -28,7 +28,7 @@
 typedef struct Load {
         DsdConfig cfg; /* the configuration the new model is served under */
         EngineOptions eo;
-        char device[16];
+        char device[32];
         Engine *engine; /* the result */
         int r;
         DsError err;
@@ -116,7 +116,7 @@ static void load_init(const Service *sv, const DsdConfig *c, Load *l)
                 kv = (uint64_t) (c->limits.kv_memory_fraction *
                                  (double) MIN(mem_available(), SERVICE_CPU_KV_BUDGET_MAX));
         *l = (Load){.cfg = *c};
-        snprintf(l->device, sizeof(l->device), "%" PRIu32, c->device);
+        config_device(c, l->device, sizeof(l->device));
         l->eo = (EngineOptions){
                 .backend = config_backend_to_string(c->backend),
                 .quantize_int4 = c->quantize_at_load,
@@ -276,7 +276,8 @@ static void device_name(Service *sv, const Engine *e, const Load *l)
                 snprintf(sv->device, sizeof(sv->device), "cpu (%u thread%s)",
                         MAX(sv->opt->threads, 1u), sv->opt->threads > 1 ? "s" : "");
         else
-                snprintf(sv->device, sizeof(sv->device), "%s:%s", e->ops->name, l->device);
+                snprintf(
+                        sv->device, sizeof(sv->device), "%s:%" PRIu32, e->ops->name, l->cfg.device);
 }
 
 /* On the I/O thread once the loader is done: the new engine serves new requests, or the

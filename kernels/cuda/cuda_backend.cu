@@ -110,6 +110,7 @@ struct Backend {
         bool eager;
         bool fp16_copies; /* keep FP16 copies of AWQ weights for the cuBLAS path if they fit */
         bool pdl;         /* programmatic edges in the decode graphs (see pdl_edges) */
+        bool screen_opt;  /* screen a dense lm_head's greedy rows (see screen_step) */
         int dev;          /* made current on every entry: the daemon calls from several threads */
         int n_sm;
         cudaStream_t st;
@@ -137,6 +138,10 @@ struct Backend {
         CuLayer *layers;
         float *final_norm;
         CuLinear lm_head;
+        /* The screened lm_head (cuda_screen.cu): an 8-bit copy of a dense FP16 lm_head (no
+         * q8w: none), its tiles' scale norms, and the tile maxima of its logits. */
+        CuLinear head_q8;
+        float *screen_tlo, *screen_thi;
         float *inv_freq;
         float attention_factor;
 
@@ -203,6 +208,7 @@ struct Backend {
         uint32_t block_tokens, n_blocks;
 
         cudaGraphExec_t graphs[N_BUCKETS][2]; /* by bucket, then the pair its reads are of */
+        cudaGraphExec_t graph_screen[2];      /* one row, screened (screen_step), by pair */
         /* Steps submitted, a ring of three: up to two outstanding, and the newest still
          * readable after its collect, since the next submit may chain from it. */
         Pending pend[3];
@@ -298,12 +304,14 @@ static void linear_free(CuLinear *l)
 
 static void graphs_free(Backend *b)
 {
-        for (int i = 0; i < N_BUCKETS; i++)
-                for (int k = 0; k < 2; k++)
-                        if (b->graphs[i][k]) {
-                                cudaGraphExecDestroy(b->graphs[i][k]);
-                                b->graphs[i][k] = NULL;
+        for (int i = 0; i <= N_BUCKETS; i++)
+                for (int k = 0; k < 2; k++) {
+                        cudaGraphExec_t *g = i < N_BUCKETS ? &b->graphs[i][k] : &b->graph_screen[k];
+                        if (*g) {
+                                cudaGraphExecDestroy(*g);
+                                *g = NULL;
                         }
+                }
 }
 
 static void kv_free(Backend *b)
@@ -343,6 +351,10 @@ static void weights_free(Backend *b)
         free(b->layers);
         b->layers = NULL;
         linear_free(&b->lm_head);
+        linear_free(&b->head_q8);
+        dfree(b->screen_tlo);
+        dfree(b->screen_thi);
+        b->screen_tlo = b->screen_thi = NULL;
         dfree(b->embed);
         dfree(b->final_norm);
         dfree(b->inv_freq);
@@ -1290,6 +1302,33 @@ static int upload_deepseek_layer(Backend *b, const BkLayer *L, CuLayer *D, const
         return upload_linear(b, down, 1, true, &D->down, what, err);
 }
 
+/* The screened lm_head's 8-bit copy, made on the device from the FP16 lm_head, where the
+ * option and the shape allow it: half the lm_head's bytes again in memory, for greedy rows
+ * that read half of them (screen_step). */
+static int screen_upload(Backend *b, DsError *err)
+{
+        const CuLinear *h = &b->lm_head;
+        uint32_t gs = h->in % 128 == 0 ? 128 : h->in % 64 == 0 ? 64 : 32;
+        if (!b->screen_opt || h->awq || h->q8w || !h->w || h->bias || h->splits != 1 ||
+                !cu_q8_bounds_take(h->in) || !cu_screen_takes(h->in, h->kp, b->cfg.vocab_sample))
+                return 0;
+        CuLinear *q = &b->head_q8;
+        size_t tiles = div_up(h->out, 16);
+        *q = (CuLinear){};
+        q->in = h->in;
+        q->out = h->out;
+        q->kp = h->in;
+        q->group_size = gs;
+        q->splits = 1;
+        DALLOC(q->q8w, tiles * (h->in / 32) * 512, "screened lm_head");
+        DALLOC(q->q8s, tiles * (h->in / gs) * 16 * sizeof(float), "screened lm_head");
+        DALLOC(b->screen_tlo, tiles * sizeof(float), "screened lm_head");
+        DALLOC(b->screen_thi, tiles * sizeof(float), "screened lm_head");
+        cu_q8_from_dense(b->st, h->w, h->kp, q);
+        CU_TRY(cudaGetLastError(), "screened lm_head");
+        return 0;
+}
+
 static int weights_upload(Backend *b, const BkModel *m, DsError *err)
 {
         const BkConfig *c = &m->cfg;
@@ -1309,6 +1348,8 @@ static int weights_upload(Backend *b, const BkModel *m, DsError *err)
                 r = upload_q8(b, &m->lm_head, &b->lm_head, "lm_head", err);
         else
                 r = upload_linear(b, head, 1, false, &b->lm_head, "lm_head", err);
+        if (r == 0)
+                r = screen_upload(b, err);
         if (r < 0)
                 return r;
 
@@ -1833,12 +1874,25 @@ static bool mlp_gate_up(Backend *b, const CuLinear *gu, uint32_t rows, const CuQ
         return false;
 }
 
+/* The greedy id of one row x through the screened lm_head into ids[0]; logits gets the
+ * 8-bit copy's upper bounds. */
+static void screen_head(Backend *b, const __half *x, float *logits, const CuSampleParams *params,
+        int32_t *ids)
+{
+        CuScreen sc = {b->lm_head.w, b->lm_head.kp, logits, b->screen_tlo, b->screen_thi};
+        cu_gemv_q8_bounds(b->st, &b->head_q8, x, logits, b->screen_tlo, b->screen_thi,
+                b->cfg.vocab_sample);
+        cu_screen_argmax(b->st, &sc, x, b->cfg.vocab_sample, params, ids);
+}
+
 /* Runs rows rows described by the metadata on the device through the model, leaving the
  * logits of the n_out rows of meta.out_row in b->logits and their sampled ids in b->ids_d.
  * att_grid: blocks along attention items; att_own: one an item (else they loop); att_small:
- * a step of at most ATT_SMALL_STEP sequences (their items are short, att_chunk). */
+ * a step of at most ATT_SMALL_STEP sequences (their items are short, att_chunk). screen:
+ * one greedy row (screen_step), its id through the screened lm_head, b->logits then holding
+ * the 8-bit copy's upper bounds. */
 static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid, bool att_own,
-        bool att_small)
+        bool att_small, bool screen)
 {
         const BkConfig *c = &b->cfg;
         uint32_t H = c->hidden;
@@ -1946,6 +2000,10 @@ static void forward(Backend *b, uint32_t rows, uint32_t n_out, uint32_t att_grid
                 b->xn, n_out, H, c->rms_eps, b->meta.out_row, false, NULL, NULL);
 
         /* lm_head (one slice: it is wide enough) and sampling */
+        if (screen) {
+                screen_head(b, b->xn, b->logits, b->samp_d, b->ids_d);
+                return;
+        }
         linear(b, &b->lm_head, b->xn, n_out, b->logits);
         cu_sample(b->st, b->logits, n_out, c->vocab_size, c->vocab_sample, b->samp_d, b->pen_d,
                 b->pen_saved, b->ids_d);
@@ -2126,6 +2184,26 @@ static bool has_penalties(const BkSeq *s)
                        p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f);
 }
 
+/* Whether a step's logits rows go through the screened lm_head: one row at most (a tile
+ * without one computes a row nobody reads), sampled greedily without penalties, whose
+ * logits nobody asks for. The ids are the FP16 lm_head's (cuda_screen.cu). */
+static bool screen_step(const Backend *b, const BkSeq *seqs, uint32_t live)
+{
+        uint32_t n = 0;
+        if (!b->head_q8.q8w)
+                return false;
+        for (uint32_t r = 0; r < live; r++) {
+                const Row *row = &b->rows[r];
+                const BkSeq *s = &seqs[row->seq];
+                if (!row->logits)
+                        continue;
+                if (++n > 1 || s->logits || s->sample_logits || s->sampling.temperature > 0.0f ||
+                        has_penalties(s))
+                        return false;
+        }
+        return true;
+}
+
 /* Appends s's penalty list, its distinct sampled ids with their counts, at *n_pen; false
  * (nothing appended) when it would pass PEN_MAX. b->sample_i counts, as in bk_sample. */
 static bool pen_list(Backend *b, const BkSeq *s, uint32_t *n_pen)
@@ -2273,7 +2351,8 @@ static int run_tile(Backend *b, Plan *p, const BkSeq *seqs, int32_t *ret_ids, Ds
                 r = sample_upload(b, p, seqs, p->rows, NULL, b->st, err);
         if (r < 0)
                 return r;
-        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true, p->n_seqs <= ATT_SMALL_STEP);
+        forward(b, p->rows, MAX(p->n_out, 1u), p->n_items, true, p->n_seqs <= ATT_SMALL_STEP,
+                screen_step(b, seqs, p->rows));
         CU_TRY(cudaGetLastError(), "kernel launch");
         r = blas_check(b, err);
         if (r < 0)
@@ -2404,7 +2483,8 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                 CU_TRY(cudaStreamWaitEvent(b->st, b->upd[b->pair], 0), "upload lane");
         }
 
-        cudaGraphExec_t *exec = &b->graphs[which][b->pair];
+        bool screen = n == 1 && screen_step(b, seqs, n);
+        cudaGraphExec_t *exec = screen ? &b->graph_screen[b->pair] : &b->graphs[which][b->pair];
         if (!*exec) {
                 cudaGraph_t g;
                 b->n_lib = 0;
@@ -2422,7 +2502,8 @@ static int graph_launch(Backend *b, const BkSeq *seqs, uint32_t n, const int32_t
                  * -1.5% (docs/PERF.md, fortieth session). */
                 bool small = bucket <= ATT_SMALL_STEP;
                 forward(b, bucket, bucket,
-                        small ? att_graph_items(b, bucket) : (uint32_t) b->n_sm * 2, small, small);
+                        small ? att_graph_items(b, bucket) : (uint32_t) b->n_sm * 2, small, small,
+                        screen);
                 CU_TRY(cudaStreamEndCapture(b->st, &g), "graph capture");
                 r = blas_check(b, err);
                 cudaError_t e = cudaSuccess;
@@ -2459,11 +2540,15 @@ extern "C" int cuda_bench_replay(Backend *b, uint32_t rows, uint32_t n, double *
 {
         uint32_t which;
         decode_bucket(rows, &which);
-        if (!b || rows == 0 || n == 0 || which >= N_BUCKETS || !b->graphs[which][b->pair])
+        /* one row: the screened graph where greedy steps made one */
+        cudaGraphExec_t g = !b || which >= N_BUCKETS ? NULL
+                            : rows == 1 && b->graph_screen[b->pair] ? b->graph_screen[b->pair]
+                                                                    : b->graphs[which][b->pair];
+        if (rows == 0 || n == 0 || !g)
                 return ds_error(err, -ENOENT, "cuda backend: no decode graph for %u rows", rows);
         CU_TRY(cudaSetDevice(b->dev), "device");
         float ms = 0;
-        CU_TRY(cu_graph_time(b->st, b->graphs[which][b->pair], n, &ms), "graph replays");
+        CU_TRY(cu_graph_time(b->st, g, n, &ms), "graph replays");
         *us = ms * 1e3 / n;
         return 0;
 }
@@ -2510,6 +2595,7 @@ static int cuda_create(const BkOptions *opt, Backend **ret, DsError *err)
         b->eager = strstr(dev_opt, "eager") != NULL;
         b->fp16_copies = strstr(dev_opt, "int4-only") == NULL;
         b->pdl = strstr(dev_opt, "no-pdl") == NULL;
+        b->screen_opt = strstr(dev_opt, "no-screen") == NULL;
 
         cudaError_t e = cudaSetDevice(dev);
         if (e == cudaSuccess)
@@ -3218,6 +3304,63 @@ extern "C" int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows
         dfree(xd);
         dfree(yd);
         linear_free(&d);
+        cuda_free(b);
+        return r;
+}
+
+extern "C" int cuda_test_screen(const BkLinear *l, const float *x, uint32_t vocab, int32_t *id,
+        float *y, float *hi, DsError *err)
+{
+        Backend *b = NULL;
+        float *xd = NULL, *yd = NULL, *qd = NULL;
+        CuSampleParams *pd = NULL;
+        int32_t *idd = NULL;
+        int r = cuda_create(NULL, &b, err);
+        if (r < 0)
+                return r;
+        const BkLinear *parts[] = {l};
+        size_t K = l->in, N = l->out;
+        b->cfg.vocab_sample = vocab;
+        r = upload_linear(b, parts, 1, false, &b->lm_head, "test lm_head", err);
+        if (r == 0)
+                r = screen_upload(b, err);
+        if (r == 0 && !b->head_q8.q8w)
+                r = ds_error(err, -ENOTSUP, "test lm_head: not screened (in %zu, vocab %u)", K,
+                        vocab);
+        if (r == 0)
+                r = dalloc((void **) &xd, K * 4, "x", err);
+        if (r == 0)
+                r = dalloc((void **) &yd, N * 4, "y", err);
+        if (r == 0)
+                r = dalloc((void **) &qd, N * 4, "8-bit logits", err);
+        if (r == 0)
+                r = dalloc((void **) &b->xn, K * 2, "x16", err);
+        if (r == 0)
+                r = dalloc((void **) &pd, sizeof(*pd), "sampling parameters", err);
+        if (r == 0)
+                r = dalloc((void **) &idd, sizeof(*idd), "id", err);
+        if (r == 0)
+                r = test_input(b, xd, x, 1, (uint32_t) K, err);
+        if (r == 0) {
+                cudaError_t e = cudaMemsetAsync(pd, 0, sizeof(*pd), b->st);
+                linear(b, &b->lm_head, b->xn, 1, yd);
+                screen_head(b, b->xn, qd, pd, idd);
+                if (e == cudaSuccess)
+                        e = test_sync(b);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(y, yd, N * 4, cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess)
+                        e = cudaMemcpy(id, idd, sizeof(*id), cudaMemcpyDeviceToHost);
+                if (e == cudaSuccess && hi)
+                        e = cudaMemcpy(hi, qd, N * 4, cudaMemcpyDeviceToHost);
+                if (e != cudaSuccess)
+                        r = cuda_fail(err, e, "test lm_head");
+        }
+        dfree(xd);
+        dfree(yd);
+        dfree(qd);
+        dfree(pd);
+        dfree(idd);
         cuda_free(b);
         return r;
 }

@@ -14,7 +14,8 @@ extern "C" {
  * runs every step without CUDA graphs (the tests compare the two); "int4-only" keeps no
  * resident FP16 copy of the AWQ weights for steps of more than 16 rows (they dequantize
  * per step instead); "no-pdl" captures the decode graphs without programmatic edges (for
- * measuring what they bring). */
+ * measuring what they bring); "no-screen" keeps no 8-bit copy of a dense FP16 lm_head, so
+ * greedy rows read the whole FP16 lm_head (cuda_screen.cu). */
 extern const BackendOps backend_cuda_ops;
 
 /* True when the CUDA runtime sees at least one device. */
@@ -24,6 +25,13 @@ bool cuda_device_present(void);
  * rows rows takes (the GEMV up to 16 rows, dequantize + cuBLAS above), on a fresh device
  * copy of l. */
 int cuda_test_linear(const BkLinear *l, const float *x, uint32_t rows, float *y, DsError *err);
+
+/* Test hook: the screened lm_head (cuda_screen.cu) of the dense FP16 linear l for one row x
+ * over l's first vocab outputs: *id, y (l->out) = the FP16 logits of the path one row takes
+ * without the screen, and (hi not NULL) hi (l->out) = the upper bounds of the 8-bit copy's
+ * logits. -ENOTSUP where the shape cannot be screened. */
+int cuda_test_screen(const BkLinear *l, const float *x, uint32_t vocab, int32_t *id, float *y,
+        float *hi, DsError *err);
 
 /* Test hook: h (rows, gate->out) = silu(x · gate) * (x · up) through a dense MLP's gate|up
  * as a step of rows rows runs it, gate and up uploaded as one linear; *paired: whether its

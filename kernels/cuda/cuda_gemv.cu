@@ -2269,11 +2269,7 @@ __global__ void __launch_bounds__(256) k_gemv_dense(const __half *__restrict__ w
                                                 xs[j].y = k + 2 * j + 1 < K ? __half2float(xr[2 * j + 1]) : 0.0f;
                                         }
                                 }
-                                float p = 0.0f;
-#pragma unroll
-                                for (int j = 0; j < 4; j++)
-                                        p += wf[j].x * xs[j].x + wf[j].y * xs[j].y;
-                                acc[m] += p;
+                                acc[m] += dense_dot8(wf, xs);
                         }
                 }
         }
@@ -2385,13 +2381,16 @@ __device__ __forceinline__ void tile_parts_store(float (*acc)[4], float (*red)[N
  * round ahead: the registers go to weights in flight, which is what the bandwidth needs (as
  * in k_gemv_dense, CTAs enough an SM). 8 blocks in flight a lane at 4 CTAs an SM, instead
  * of 4 at 5, took 7B's lm_head from 143 to 153 us (docs/PERF.md, thirty-ninth session). */
-template <int NT, int GB, int U, int KS>
+template <int NT, int GB, int U, int KS, bool SCREEN = false>
 __global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
         k_gemv_q8(const uint4 *__restrict__ w, const float *__restrict__ sc, const __half *x,
-                uint32_t ldx, uint32_t rows, float *y, uint32_t K, uint32_t N)
+                uint32_t ldx, uint32_t rows, float *y, uint32_t K, uint32_t N, CuQ8Bounds bd)
 {
         static_assert(U % GB == 0, "a group ends inside a round");
+        static_assert(!SCREEN || NT == 1, "the screen's bounds are of one row");
         __shared__ float red[KS > 1 ? 8 : 1][NT * 4][32];
+        /* SCREEN: the sums of |x| by group, rounded up (see cu_gemv_q8_bounds) */
+        __shared__ float xg_s[SCREEN ? Q8_BOUND_GROUPS : 1];
         uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         uint32_t tile = blockIdx.x * (8 / KS) + warp / KS, part = warp % KS;
         uint32_t tiles = (N + 15) / 16;
@@ -2420,9 +2419,31 @@ __global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
                 load(0);
         pdl_wait();
         pdl_trigger();
+        if constexpr (SCREEN) {
+                /* warp w takes groups w, w + 8, ...; lane l of a group its k l, l + 32, ...
+                 * (all loads of a round of 4 groups first: 8 spill at 5 CTAs an SM) */
+                uint32_t gs = 32 * GB, G = K / gs;
+                for (uint32_t g0 = warp; g0 < G; g0 += 8 * 4) {
+                        float v[4];
+#pragma unroll
+                        for (uint32_t u = 0; u < 4; u++) {
+                                v[u] = 0.0f;
+                                for (uint32_t k = lane; g0 + 8 * u < G && k < gs; k += 32)
+                                        v[u] += fabsf(__half2float(x[(g0 + 8 * u) * gs + k]));
+                        }
+#pragma unroll
+                        for (uint32_t u = 0; u < 4; u++) {
+                                for (int o = 16; o > 0; o >>= 1)
+                                        v[u] += __shfl_xor_sync(0xffffffffu, v[u], o);
+                                if (lane == 0 && g0 + 8 * u < G)
+                                        xg_s[g0 + 8 * u] = v[u] * Q8_BOUND_UP;
+                        }
+                }
+                __syncthreads();
+        }
         if (KS == 1 && !live)
                 return;
-        float acc[NT][4], gacc[NT][4];
+        float acc[NT][4], gacc[NT][4], bnd[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -2453,6 +2474,11 @@ __global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
                         }
                         if (i % GB == GB - 1) {
                                 float sa = s0[i / GB], sb = s1[i / GB];
+                                if constexpr (SCREEN) {
+                                        float xg = xg_s[(b0 + c) / GB];
+                                        bnd[0] = fmaf(sa, xg, bnd[0]);
+                                        bnd[1] = fmaf(sb, xg, bnd[1]);
+                                }
 #pragma unroll
                                 for (int nt = 0; nt < NT; nt++) {
                                         acc[nt][0] = fmaf(sa, gacc[nt][0], acc[nt][0]);
@@ -2466,48 +2492,150 @@ __global__ void __launch_bounds__(256, NT == 1 ? (GB == 4 ? 5 : 4) : 3)
                         }
                 }
         }
-        tile_parts_store<NT, KS>(acc, red, part, live, tile, rows, y, N);
+        if constexpr (!SCREEN) {
+                tile_parts_store<NT, KS>(acc, red, part, live, tile, rows, y, N);
+        } else {
+                /* the parts' logits and bounds of row 0 (lanes t = 0: outputs g and g + 8)
+                 * meet in part order; y gets each output's upper bound, and the tile's
+                 * largest lower and upper bounds below nmax go to tlo and thi (fmaxf passes
+                 * over a NaN: the screen catches a non-finite x itself) */
+                float a[2] = {acc[0][0], acc[0][2]};
+                if (KS > 1) {
+                        red[warp][0][lane] = a[0];
+                        red[warp][1][lane] = a[1];
+                        red[warp][2][lane] = bnd[0];
+                        red[warp][3][lane] = bnd[1];
+                        __syncthreads();
+                        if (part != 0 || !live)
+                                return;
+#pragma unroll
+                        for (int p = 1; p < KS; p++) {
+                                a[0] += red[warp + p][0][lane];
+                                a[1] += red[warp + p][1][lane];
+                                bnd[0] += red[warp + p][2][lane];
+                                bnd[1] += red[warp + p][3][lane];
+                        }
+                }
+                float lo = -INFINITY, hi = -INFINITY;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                        uint32_t v = tile * 16 + g + 8 * h;
+                        float b = bnd[h] * bd.cfac * Q8_BOUND_UP;
+                        if (t == 0 && v < N)
+                                y[v] = a[h] + b;
+                        if (t == 0 && v < bd.nmax) {
+                                lo = fmaxf(lo, a[h] - b);
+                                hi = fmaxf(hi, a[h] + b);
+                        }
+                }
+                for (int o = 4; o < 32; o <<= 1) {
+                        lo = fmaxf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+                        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+                }
+                if (lane == 0) {
+                        bd.tlo[tile] = lo;
+                        bd.thi[tile] = hi;
+                }
+        }
 }
 
 /* The most K parts a tile (warps of one CTA, up to 4) that hold whole groups each. Shorter
  * warps spread the tiles' rows over the SMs more evenly than one a tile: 7B's lm_head in
  * 130 us in 4 parts, 143 in one; V2-Lite's in 51 and 63 (docs/PERF.md, thirty-ninth
  * session). */
-template <int NT, int GB>
+template <int NT, int GB, bool SCREEN>
 static void gemv_q8_parts(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, float *y)
+        uint32_t rows, float *y, const CuQ8Bounds &bd)
 {
         uint32_t nb = l->in / 32, tiles = div_up(l->out, 16u);
         if (nb % (4 * GB) == 0)
-                k_gemv_q8<NT, GB, 4, 4><<<div_up(tiles, 2u), 256, 0, st>>>(
-                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+                k_gemv_q8<NT, GB, 4, 4, SCREEN><<<div_up(tiles, 2u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out, bd);
         else if (nb % (2 * GB) == 0)
-                k_gemv_q8<NT, GB, 4, 2><<<div_up(tiles, 4u), 256, 0, st>>>(
-                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+                k_gemv_q8<NT, GB, 4, 2, SCREEN><<<div_up(tiles, 4u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out, bd);
         else
-                k_gemv_q8<NT, GB, 4, 1><<<div_up(tiles, 8u), 256, 0, st>>>(
-                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out);
+                k_gemv_q8<NT, GB, 4, 1, SCREEN><<<div_up(tiles, 8u), 256, 0, st>>>(
+                        l->q8w, l->q8s, x, ldx, rows, y, l->in, l->out, bd);
 }
 
-template <int NT>
+template <int NT, bool SCREEN>
 static void gemv_q8_rows(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx,
-        uint32_t rows, float *y)
+        uint32_t rows, float *y, const CuQ8Bounds &bd)
 {
         if (l->group_size == 32)
-                gemv_q8_parts<NT, 1>(st, l, x, ldx, rows, y);
+                gemv_q8_parts<NT, 1, SCREEN>(st, l, x, ldx, rows, y, bd);
         else if (l->group_size == 64)
-                gemv_q8_parts<NT, 2>(st, l, x, ldx, rows, y);
+                gemv_q8_parts<NT, 2, SCREEN>(st, l, x, ldx, rows, y, bd);
         else
-                gemv_q8_parts<NT, 4>(st, l, x, ldx, rows, y);
+                gemv_q8_parts<NT, 4, SCREEN>(st, l, x, ldx, rows, y, bd);
 }
 
 void cu_gemv_q8(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y)
 {
+        CuQ8Bounds none = {};
         if (rows <= 8)
-                gemv_q8_rows<1>(st, l, x, ldx, rows, y);
+                gemv_q8_rows<1, false>(st, l, x, ldx, rows, y, none);
         else
-                gemv_q8_rows<2>(st, l, x, ldx, rows, y);
+                gemv_q8_rows<2, false>(st, l, x, ldx, rows, y, none);
+}
+
+bool cu_q8_bounds_take(uint32_t K)
+{
+        uint32_t gs = K % 128 == 0 ? 128 : K % 64 == 0 ? 64 : 32;
+        return K % 32 == 0 && K / gs <= Q8_BOUND_GROUPS;
+}
+
+void cu_gemv_q8_bounds(cudaStream_t st, const CuLinear *l, const __half *x, float *hi,
+        float *tlo, float *thi, uint32_t nmax)
+{
+        /* 1/2 for the rounding to 8 bits, and for the float rounding of both sums (this
+         * kernel's and the FP16 GEMV's) up to 2^-22 of the largest term, 127 s_g |x_k|, at
+         * each of up to K + 64 steps (the tensor cores' adds included) */
+        CuQ8Bounds bd = {tlo, thi, nmax, 0.5f + 127.0f * (float) (l->in + 64) / 2097152.0f};
+        gemv_q8_rows<1, true>(st, l, x, l->in, 1, hi, bd);
+}
+
+/* One thread a (row, group) of the dense w (N, kp): q8_quantize_row's arithmetic
+ * (daemon/model/q8_pack.h), its bytes biased by 128 into k_gemv_q8's layout (upload_q8 lays
+ * out the host's the same way), rows past N as zeros. */
+__global__ void k_q8_quantize(const __half *__restrict__ w, uint32_t kp, uint32_t K, uint32_t N,
+        uint32_t gs, uint8_t *q8w, float *q8s)
+{
+        uint32_t groups = K / gs, nb = K / 32;
+        size_t u = (size_t) blockIdx.x * blockDim.x + threadIdx.x;
+        if (u >= (size_t) ((N + 15) / 16) * 16 * groups)
+                return;
+        uint32_t n = (uint32_t) (u / groups), gi = (uint32_t) (u % groups);
+        uint32_t tile = n / 16, row = n % 16;
+        const __half *wr = w + (size_t) n * kp + (size_t) gi * gs;
+        float amax = 0.0f;
+        for (uint32_t k = 0; n < N && k < gs; k++)
+                amax = fmaxf(amax, fabsf(__half2float(wr[k])));
+        float s = amax / 127.0f;
+        q8s[((size_t) tile * groups + gi) * 16 + row] = s;
+        uint8_t *dst = q8w + (size_t) tile * nb * 512 + (row % 8) * 64 + (row / 8) * 8;
+        for (uint32_t c = gi * gs / 32; c < (gi + 1) * gs / 32; c++)
+                for (uint32_t t = 0; t < 4; t++) {
+                        uint8_t b[8];
+                        for (uint32_t j = 0; j < 8; j++) {
+                                uint32_t k = c * 32 + 8 * t + j - gi * gs;
+                                float q = 0.0f;
+                                if (n < N && s > 0.0f)
+                                        q = fmaxf(-127.0f,
+                                                fminf(127.0f, rintf(__half2float(wr[k]) / s)));
+                                b[j] = (uint8_t) ((int) q + 128);
+                        }
+                        *(uint2 *) (dst + (size_t) c * 512 + t * 16) = *(const uint2 *) b;
+                }
+}
+
+void cu_q8_from_dense(cudaStream_t st, const __half *w, uint32_t kp, const CuLinear *q)
+{
+        size_t units = (size_t) div_up(q->out, 16u) * 16 * (q->in / q->group_size);
+        k_q8_quantize<<<(unsigned) ((units + 255) / 256), 256, 0, st>>>(
+                w, kp, q->in, q->out, q->group_size, (uint8_t *) q->q8w, q->q8s);
 }
 
 /* One thread a 16-byte unit of the layout above: its 8 k of two outputs. */

@@ -102,6 +102,18 @@ __device__ __forceinline__ float sum_part(const float *part, uint32_t splits, si
         return bias ? y + bias[col] : y;
 }
 
+/* The dense FP16 GEMV's sum of 8 products, a 16-byte piece of a weight row by one of x, as
+ * float pairs: k_gemv_dense and the screened lm_head's rescoring (cuda_screen.cu) both add
+ * through this, so that a logit comes out of either with the same bits. */
+__device__ __forceinline__ float dense_dot8(const float2 (&wf)[4], const float2 (&xs)[4])
+{
+        float p = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+                p += wf[j].x * xs[j].x + wf[j].y * xs[j].y;
+        return p;
+}
+
 /* silu(g) * u, as every SwiGLU on the device computes it (the GEMVs' epilogues and the
  * swiglu kernels give the same bits). __fdividef (2 ulp, no branch) rather than the IEEE
  * division, whose slow-path branch made each value of a GEMV's epilogue wait for the
@@ -296,6 +308,29 @@ void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint3
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids);
 
 /* ---------------------------------------------------------------------------------------
+ * cuda_screen.cu */
+
+/* A dense FP16 lm_head and its 8-bit copy's bounds of one row's logits (cu_gemv_q8_bounds). */
+typedef struct CuScreen {
+        const __half *w; /* (N, kp): the FP16 weights */
+        uint32_t kp;
+        const float *hi;       /* (N) the upper bounds */
+        const float *tlo, *thi; /* (ceil(N/16)) a tile's largest lower and upper bounds */
+} CuScreen;
+
+/* Whether cu_screen_argmax takes an lm_head of K inputs (row stride kp) and vocab sampled
+ * ids. */
+bool cu_screen_takes(uint32_t K, uint32_t kp, uint32_t vocab);
+
+/* ids[0] (and *params[0].out) = the greedy id over the first vocab of the FP16 logits
+ * x · W of s->w, the largest, the lowest id on a tie, as k_gemv_dense and k_sample give it
+ * for finite logits, from the 8-bit copy's bounds (cu_gemv_q8_bounds of x), with only the
+ * rows they leave in doubt multiplied in FP16. One row, greedy, without penalties: the
+ * caller picks it. */
+void cu_screen_argmax(cudaStream_t st, const CuScreen *s, const __half *x, uint32_t vocab,
+        const CuSampleParams *params, int32_t *ids);
+
+/* ---------------------------------------------------------------------------------------
  * cuda_gemv.cu */
 
 /* y[s] (rows, N) = slice s of x (rows, K; row stride ldx, a multiple of 4 for AWQ, even
@@ -322,6 +357,31 @@ bool cu_h16_takes(const CuLinear *l, int n_sm, const __half *x, uint32_t ldx);
  * rows. */
 void cu_gemv_h16(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ldx, uint32_t rows,
         float *y);
+
+/* Groups of the 8-bit linear whose logits cu_gemv_q8_bounds bounds; its sums of |x| and of
+ * the bounds are rounded up by Q8_BOUND_UP past their float rounding. */
+#define Q8_BOUND_GROUPS 256
+#define Q8_BOUND_UP     (1.0f + 1.0f / 1024.0f)
+typedef struct CuQ8Bounds {
+        float *tlo, *thi;
+        uint32_t nmax;
+        float cfac;
+} CuQ8Bounds;
+
+/* Whether cu_gemv_q8_bounds takes an 8-bit linear of K inputs. */
+bool cu_q8_bounds_take(uint32_t K);
+
+/* For one row x of an 8-bit copy l of a dense FP16 linear (cu_q8_from_dense): output v's
+ * logit a_v by l as cu_gemv_q8 makes it, within B_v = cfac sum_g s_vg X_g of the FP16
+ * logit k_gemv_dense makes (s_vg: its group g's scale; X_g: the sum of |x| over the group;
+ * cfac: 1/2 for the rounding to 8 bits plus both sums' float rounding), hi[v] = a_v + B_v,
+ * and tile t's largest a_v - B_v and a_v + B_v over v < nmax into tlo[t] and thi[t]. */
+void cu_gemv_q8_bounds(cudaStream_t st, const CuLinear *l, const __half *x, float *hi,
+        float *tlo, float *thi, uint32_t nmax);
+
+/* q's 8-bit weights and scales (q->q8w, q->q8s allocated, its in, out and group_size set)
+ * from the dense FP16 w (q->out, kp), rounded as q8_quantize_row rounds on the host. */
+void cu_q8_from_dense(cudaStream_t st, const __half *w, uint32_t kp, const CuLinear *q);
 
 /* w16 (N, K) = l's 8-bit weights times their scales, rounded to FP16: the copy that
  * cuBLAS multiplies above 16 rows. */

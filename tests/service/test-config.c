@@ -22,6 +22,7 @@ static const char *const leaf_keys[] = {
         "device",
         "quantize_at_load",
         "lm_head_int8",
+        "lm_head_screen",
         "limits.context_length",
         "limits.max_batch",
         "limits.queue_length",
@@ -73,7 +74,11 @@ static void test_defaults(void)
         config_init(&c);
         CHECK(c.model[0] == 0, "model");
         CHECK(c.backend == CONFIG_BACKEND_AUTO, "backend");
-        CHECK(c.device == 0 && !c.quantize_at_load && !c.lm_head_int8, "device/quantize");
+        CHECK(c.device == 0 && !c.quantize_at_load && !c.lm_head_int8 && c.lm_head_screen,
+                "device/quantize");
+        char dev[32];
+        config_device(&c, dev, sizeof(dev));
+        CHECK(strcmp(dev, "0") == 0, "device string %s", dev);
         CHECK(c.limits.context_length == 0, "context_length");
         CHECK(c.limits.max_batch == 16, "max_batch");
         CHECK(c.limits.queue_length == 256, "queue_length");
@@ -97,6 +102,7 @@ static void test_defaults(void)
 static void test_every_field(void)
 {
         DsdConfig c;
+        char dev[32];
 
         expect_ok("{\n"
                   "  \"model\": \"/var/lib/dsd/models/qwen\",\n"
@@ -104,6 +110,7 @@ static void test_every_field(void)
                   "  \"device\": 3,\n"
                   "  \"quantize_at_load\": true,\n"
                   "  \"lm_head_int8\": true,\n"
+                  "  \"lm_head_screen\": false,\n"
                   "  \"limits\": {\n"
                   "    \"context_length\": 8192,\n"
                   "    \"max_batch\": 64,\n"
@@ -125,8 +132,10 @@ static void test_every_field(void)
                 &c);
         CHECK(strcmp(c.model, "/var/lib/dsd/models/qwen") == 0, "model");
         CHECK(c.backend == CONFIG_BACKEND_CUDA && c.device == 3 && c.quantize_at_load &&
-                        c.lm_head_int8,
+                        c.lm_head_int8 && !c.lm_head_screen,
                 "backend");
+        config_device(&c, dev, sizeof(dev));
+        CHECK(strcmp(dev, "3 no-screen") == 0, "device string %s", dev);
         CHECK(c.limits.context_length == 8192 && c.limits.max_batch == 64 &&
                         c.limits.queue_length == 0 && c.limits.kv_memory_fraction == 0.5 &&
                         c.limits.client_max_requests == 4 &&
@@ -170,7 +179,8 @@ static void test_wrong_types(void)
                 /* And a boolean where a number or a string is wanted, a number where a
                  * boolean is. */
                 bool boolean = strcmp(leaf_keys[i], "quantize_at_load") == 0 ||
-                               strcmp(leaf_keys[i], "lm_head_int8") == 0;
+                               strcmp(leaf_keys[i], "lm_head_int8") == 0 ||
+                               strcmp(leaf_keys[i], "lm_head_screen") == 0;
                 if (dot)
                         snprintf(json, sizeof(json), "{\"%.*s\": {\"%s\": true}}",
                                 (int) (dot - leaf_keys[i]), leaf_keys[i], dot + 1);
@@ -308,6 +318,8 @@ static void test_overrides(void)
         CHECK(config_set(&c, "--backend", "backend", "cpu", &err) == 0, "%s", err.msg);
         CHECK(config_set(&c, "--quantize-at-load", "quantize_at_load", "yes", &err) == 0, "q");
         CHECK(config_set(&c, "--lm-head-int8", "lm_head_int8", "true", &err) == 0, "%s", err.msg);
+        CHECK(config_set(&c, "--no-lm-head-screen", "lm_head_screen", "false", &err) == 0, "%s",
+                err.msg);
         CHECK(config_set(&c, "--kv-fraction", "limits.kv_memory_fraction", "0.25", &err) == 0, "f");
         CHECK(config_set(&c, "--socket-mode", "socket.mode", "0600", &err) == 0, "mode");
         CHECK(config_set(&c, "--allow-group", "socket.allowed_gids", "root,5", &err) == 0, "%s",
@@ -315,9 +327,10 @@ static void test_overrides(void)
         CHECK(config_set(&c, "--bus", "bus", "session", &err) == 0, "bus");
         CHECK(config_set(&c, "--log-level", "log_level", "warning", &err) == 0, "log");
         CHECK(c.backend == CONFIG_BACKEND_CPU && c.quantize_at_load && c.lm_head_int8 &&
-                        c.limits.kv_memory_fraction == 0.25 && c.socket_mode == 0600 &&
-                        c.n_allowed_gids == 2 && c.allowed_gids[0] == 0 && c.allowed_gids[1] == 5 &&
-                        c.bus == CONFIG_BUS_SESSION && c.log_level == LOG_LVL_WARNING,
+                        !c.lm_head_screen && c.limits.kv_memory_fraction == 0.25 &&
+                        c.socket_mode == 0600 && c.n_allowed_gids == 2 && c.allowed_gids[0] == 0 &&
+                        c.allowed_gids[1] == 5 && c.bus == CONFIG_BUS_SESSION &&
+                        c.log_level == LOG_LVL_WARNING,
                 "overrides applied");
         CHECK(strcmp(c.model, "/m") == 0, "untouched field kept");
 
