@@ -2590,10 +2590,18 @@ bool cu_q8_bounds_take(uint32_t K)
 void cu_gemv_q8_bounds(cudaStream_t st, const CuLinear *l, const __half *x, float *hi,
         float *tlo, float *thi, uint32_t nmax)
 {
-        /* 1/2 for the rounding to 8 bits, and for the float rounding of both sums (this
-         * kernel's and the FP16 GEMV's) up to 2^-22 of the largest term, 127 s_g |x_k|, at
-         * each of up to K + 64 steps (the tensor cores' adds included) */
-        CuQ8Bounds bd = {tlo, thi, nmax, 0.5f + 127.0f * (float) (l->in + 64) / 2097152.0f};
+        /* 1/2 for the rounding to 8 bits, and the float rounding of both sums, four times
+         * over. Here a group's products (exact) go through up to 8 mma steps of 17 terms,
+         * each term losing at most 2^-22 of the step's largest magnitude when aligned (the
+         * running sum is one of them): at most 136 * 2^-22 of the group's sum of |terms|;
+         * then up to K/32 + 4 float adds of the groups and parts. k_gemv_dense adds K/64
+         * pieces a lane, each 8 exact products in 8 adds, then the lanes' sums in 3: under
+         * K/64 + 11 float adds. A float add loses at most 2^-24 of the sum of |terms|, and
+         * sum_k |w_k x_k| <= 127 sum_g s_g X_g for both the FP16 and the 8-bit weights. */
+        float K = (float) l->in;
+        float cfac =
+                0.5f + 4.0f * 127.0f * (136.0f / 4194304.0f + (K / 16.0f + 20.0f) / 16777216.0f);
+        CuQ8Bounds bd = {tlo, thi, nmax, cfac};
         gemv_q8_rows<1, true>(st, l, x, l->in, 1, hi, bd);
 }
 

@@ -139,7 +139,16 @@ __global__ void __cluster_dims__(SCR_BLOCKS, 1, 1) __launch_bounds__(SCR_THREADS
         }
         pdl_wait();
 
-        /* x, for the rescoring; a non-finite x leaves no bound, and every row is rescored */
+        /* the block's tiles' bounds, a thread's in registers, and x for the rescoring (all
+         * loads at once); a non-finite x leaves no bound, and every row is rescored */
+        constexpr uint32_t PER = SCR_TILES / SCR_THREADS;
+        float tlo[PER], thi[PER];
+#pragma unroll
+        for (uint32_t i = 0; i < PER; i++) {
+                uint32_t t = t0 + threadIdx.x + i * SCR_THREADS;
+                tlo[i] = t < t1 ? s.tlo[t] : -INFINITY;
+                thi[i] = t < t1 ? s.thi[t] : -INFINITY;
+        }
         bool bad = false;
         for (uint32_t i = threadIdx.x; i < s.kp / 8; i += SCR_THREADS) {
                 uint4 v = ((const uint4 *) a.x)[i];
@@ -154,8 +163,9 @@ __global__ void __cluster_dims__(SCR_BLOCKS, 1, 1) __launch_bounds__(SCR_THREADS
 
         /* 1: M, the largest lower bound */
         float lo = -INFINITY;
-        for (uint32_t t = t0 + threadIdx.x; t < t1; t += SCR_THREADS)
-                lo = fmaxf(lo, s.tlo[t]);
+#pragma unroll
+        for (uint32_t i = 0; i < PER; i++)
+                lo = fmaxf(lo, tlo[i]);
         lo = block_max(lo, red);
         if (threadIdx.x == 0)
                 m_s = lo;
@@ -164,9 +174,12 @@ __global__ void __cluster_dims__(SCR_BLOCKS, 1, 1) __launch_bounds__(SCR_THREADS
 
         /* 2: the tiles that may hold the largest logit, then their rows that may be it,
          * listed, or rescored where they are found once the list is full */
-        for (uint32_t t = t0 + threadIdx.x; t < t1; t += SCR_THREADS)
-                if (all || s.thi[t] >= m)
+#pragma unroll
+        for (uint32_t i = 0; i < PER; i++) {
+                uint32_t t = t0 + threadIdx.x + i * SCR_THREADS;
+                if (t < t1 && (all || thi[i] >= m))
                         pass_s[atomicAdd(&n_pass, 1u)] = t;
+        }
         __syncthreads();
         float bv = -INFINITY;
         int32_t bi = INT32_MAX;

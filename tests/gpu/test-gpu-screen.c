@@ -6,7 +6,8 @@
  * the FP16 logits that one row gets without the screen, for many inputs; also where the
  * largest logit is tied by a copy of its row before it, where a row differs from the largest
  * by one FP16 step of one weight, where rows' scales differ by a thousandfold, and where
- * every row is the same (every row rescored, more than a block lists). */
+ * every row is the same (every row rescored, more than a block lists); and where the 8-bit
+ * copy's errors are near their bound and reverse two rows' order. */
 #include <errno.h>
 
 #include "gpu_util.h"
@@ -122,6 +123,38 @@ int main(void)
                 free(x);
                 free(y);
                 printf("%u->%u vocab %u: screened ids == FP16 argmax\n", K, N, V);
+        }
+
+        /* The 8-bit copy's errors near their bound: x = 1, groups of 128 whose first weight,
+         * 127 s, sets the scale s = 2^-10, and whose others round down by 0.49 s in row A
+         * (3.49 s) and up by 0.49 s in row B (3.51 s and 2.51 s in alternate groups). B's
+         * 8-bit logit is 0.5 s a weight above A's, its FP16 one 0.48 s below: A, at the
+         * higher id, must win. The other rows are small. A's FP16 logit is 0.49 s a weight
+         * (127/128 of X) above its 8-bit one, which screen() checks against the bound. */
+        {
+                uint32_t K = 2048, N = 4000, A = 3000, B = 1000;
+                BkLinear l = rnd_linear(false, K, N, 0, false, BK_DT_F16);
+                uint16_t *w = (uint16_t *) l.w.data;
+                float s = 1.0f / 1024.0f, *xo = (float *) rnd_alloc((size_t) K * 4);
+                float *y = (float *) rnd_alloc((size_t) N * 4);
+                for (size_t i = 0; i < (size_t) K * N; i++)
+                        w[i] = f32_to_f16(f16_to_f32(w[i]) * 1e-3f);
+                for (uint32_t k = 0; k < K; k++) {
+                        bool first = k % 128 == 0, even = k / 128 % 2 == 0;
+                        w[(size_t) A * K + k] = f32_to_f16((first ? 127.0f : 3.49f) * s);
+                        w[(size_t) B * K + k] = f32_to_f16((first         ? 127.0f
+                                                                   : even ? 3.51f
+                                                                          : 2.51f) *
+                                                           s);
+                        xo[k] = 1.0f;
+                }
+                CHECK(screen(&l, xo, N, y) == (int32_t) A && argmax(y, N) == (int32_t) A,
+                        "the 8-bit copy's order reversed: row %u's FP16 logit %.6g, row %u's %.6g",
+                        A, y[A], B, y[B]);
+                free(xo);
+                free(y);
+                printf("rows whose 8-bit logits err by 0.49 s a weight, in opposite directions: "
+                       "the FP16 order kept\n");
         }
 
         /* a shape the screen does not take says so */
