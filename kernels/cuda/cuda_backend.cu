@@ -139,7 +139,7 @@ struct Backend {
         float *final_norm;
         CuLinear lm_head;
         /* The screened lm_head (cuda_screen.cu): an 8-bit copy of a dense FP16 lm_head (no
-         * q8w: none), its tiles' scale norms, and the tile maxima of its logits. */
+         * q8w: none), and a step's largest lower and upper bounds of its tiles' logits. */
         CuLinear head_q8;
         float *screen_tlo, *screen_thi;
         float *inv_freq;
