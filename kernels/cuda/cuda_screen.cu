@@ -66,7 +66,8 @@ __device__ float rescore_row(const __half *w, uint32_t kp, const __half *x_s, ui
                         uint32_t i = base + sub + 4 * m;
                         uint4 xv = i < n_j ? *(const uint4 *) (x_s + 8 * (j + 8 * i))
                                            : make_uint4(0, 0, 0, 0);
-                        const uint32_t *wu = (const uint32_t *) &wv[m], *xu = (const uint32_t *) &xv;
+                        const uint32_t *wu = (const uint32_t *) &wv[m];
+                        const uint32_t *xu = (const uint32_t *) &xv;
                         float2 wf[4], xs[4];
 #pragma unroll
                         for (int q = 0; q < 4; q++) {
