@@ -1308,7 +1308,7 @@ static int upload_deepseek_layer(Backend *b, const BkLayer *L, CuLayer *D, const
 static int screen_upload(Backend *b, DsError *err)
 {
         const CuLinear *h = &b->lm_head;
-        uint32_t gs = h->in % 128 == 0 ? 128 : h->in % 64 == 0 ? 64 : 32;
+        uint32_t gs = cu_q8_group(h->in);
         if (!b->screen_opt || h->awq || h->q8w || !h->w || h->bias || h->splits != 1 ||
                 !cu_q8_bounds_take(h->in) || !cu_screen_takes(h->in, h->kp, b->cfg.vocab_sample))
                 return 0;

@@ -2581,10 +2581,14 @@ void cu_gemv_q8(cudaStream_t st, const CuLinear *l, const __half *x, uint32_t ld
                 gemv_q8_rows<2, false>(st, l, x, ldx, rows, y, none);
 }
 
+uint32_t cu_q8_group(uint32_t K)
+{
+        return K % 128 == 0 ? 128 : K % 64 == 0 ? 64 : 32;
+}
+
 bool cu_q8_bounds_take(uint32_t K)
 {
-        uint32_t gs = K % 128 == 0 ? 128 : K % 64 == 0 ? 64 : 32;
-        return K % 32 == 0 && K / gs <= Q8_BOUND_GROUPS;
+        return K % 32 == 0 && K / cu_q8_group(K) <= Q8_BOUND_GROUPS;
 }
 
 void cu_gemv_q8_bounds(cudaStream_t st, const CuLinear *l, const __half *x, float *hi,

@@ -368,6 +368,10 @@ typedef struct CuQ8Bounds {
         float cfac;
 } CuQ8Bounds;
 
+/* The group of an 8-bit linear of K inputs (a multiple of 32), as q8_group_size gives it on
+ * the host: the largest of 128, 64 and 32 that divides K. */
+uint32_t cu_q8_group(uint32_t K);
+
 /* Whether cu_gemv_q8_bounds takes an 8-bit linear of K inputs. */
 bool cu_q8_bounds_take(uint32_t K);
 

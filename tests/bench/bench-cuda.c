@@ -34,6 +34,7 @@
 
 #include "cuda_backend.h"
 #include "model.h"
+#include "q8_pack.h"
 #include "test_util.h"
 
 #define BT     16
@@ -338,7 +339,7 @@ int main(int argc, char **argv)
         const char *dev = getenv("DSD_BENCH_DEVICE");
         if (head->kind == BK_LINEAR_DENSE && !getenv("DSD_BENCH_SAMPLING") &&
                 !(dev && strstr(dev, "no-screen"))) {
-                uint32_t gs = head->in % 128 == 0 ? 128 : head->in % 64 == 0 ? 64 : 32;
+                uint32_t gs = q8_group_size(head->in);
                 double read = bytes - (double) head->in * head->out * 2 +
                               (double) head->in * head->out +
                               (double) head->in / gs * head->out * 4;
