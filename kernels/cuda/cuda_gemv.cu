@@ -1143,10 +1143,12 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
          * may be), lane l columns 2 l and 2 l + 1 */
         uint32_t col = RES_COLS * blockIdx.x + 2 * lane;
         bool mine = (MOE || s == 0) && warp == 0;
-        /* the slices' sums by cl_send (below) */
+        /* the slices' sums by cl_send (below); not in a cluster of one CTA, where st.async is
+         * not defined (compute-sanitizer: "Cluster needs to have at least 2 blocks") */
         constexpr bool SEND = KW == RES_KW_MAX && !MOE;
+        bool send = SEND && a.splits > 1;
         /* before any load, which its fence would otherwise wait for */
-        if (SEND && s == 0 && u == 0)
+        if (send && s == 0 && u == 0)
                 cl_slots_init(&part_bar, a.splits * RES_COLS * sizeof(float));
         /* the norm's weights and the bias are constant: into shared memory before the wait,
          * where they hold no registers through the loop (in registers, two columns a lane
@@ -1215,7 +1217,7 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                         v += red[u / 32 * KW + k][j][q][4 * g];
                 if (MOE)
                         r.part[((size_t) blockIdx.x * a.splits + s) * RES_COLS + u] = v;
-                else if (SEND)
+                else if (send)
                         cl_send(&part_s[s][u], &part_bar, 0, v);
                 else
                         *cluster.map_shared_rank(&part_s[s][u], 0) = v;
@@ -1236,11 +1238,11 @@ __global__ void __launch_bounds__(2 * KW * 32, KW == RES_KW_MAX ? 2 : 3)
                 if (lane == 0)
                         r.count[blockIdx.x] = 0;
         } else {
-                if (!SEND)
+                if (!send)
                         cluster.barrier_arrive();
                 if (s != 0)
                         return;
-                if (SEND)
+                if (send)
                         cl_slots_wait(&part_bar);
                 else
                         cluster.barrier_wait();
