@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* Sampling on the device: one block per logits row (a cluster of them in small steps)
+/* Sampling on the device: a cluster of blocks per logits row (one block in large steps)
  * makes bk_sample's decision (kernels/sample.c) from the row in place, so only ids cross
- * to the host.
+ * to the host. Each block of a row's cluster takes its own run of ids through every pass;
+ * the passes' histograms and sums meet through distributed shared memory, and every block
+ * follows the same decisions from them.
  *
  * Nothing is sorted. The candidate order is (logit descending, id ascending) and every
  * filter that cuts it (top-k's k-th candidate, top-p's last) is found by a weighted
@@ -29,9 +31,10 @@ namespace cg = cooperative_groups;
 #define BINS    2048u /* buckets of the scaled logit; also the widest radix digit */
 #define NONE    0xffffffffu
 #define FULL    0xffffffffu
-/* Blocks of a row's cluster, for steps of up to SAMPLE_CLUSTER_ROWS rows. */
-#define SAMPLE_CLUSTER      8
-#define SAMPLE_CLUSTER_ROWS 16
+/* The most blocks a row's cluster has, and the most blocks a step's clusters have
+ * together: a step of up to 16 rows gives a row 8, up to 32 rows 4, up to 64 rows 2. */
+#define SAMPLE_CLUSTER        8
+#define SAMPLE_CLUSTER_BLOCKS 128
 
 typedef unsigned long long u64;
 
@@ -43,7 +46,8 @@ typedef struct Smem {
         int32_t bi[WARPS];
         uint32_t sel_bin, pick;
         u64 sel_rem;
-        float rank_v; /* the block's largest logit and its id, for the cluster's first */
+        u64 block_sum; /* the block's weight in ordered_pick, for the cluster's others */
+        float rank_v;  /* the block's largest logit and its id, for the cluster's others */
         int32_t rank_id;
 } Smem;
 
@@ -153,48 +157,62 @@ __device__ u64 block_scan(Smem &sm, u64 v, u64 *total)
         return pre + incl - v;
 }
 
-/* Over hist[0..nb) in ascending (or, reverse, descending) bin order: the first bin at
- * which the running sum exceeds g, and g less the sum before it. With top_p > 0, g is
- * top-p's need less one, from the total. False when the total does not exceed g. */
-__device__ bool scan_bins(Smem &sm, uint32_t nb, bool reverse, u64 g, float top_p,
-        uint32_t *ret_bin, u64 *ret_rem)
+/* The cluster's count of bin j: the sum of its blocks' hist[j]. */
+__device__ __forceinline__ u64 cluster_bin(Smem &sm, cg::cluster_group &cl, uint32_t j)
+{
+        u64 c = 0;
+        for (uint32_t k = 0; k < cl.num_blocks(); k++)
+                c += cl.map_shared_rank(sm.hist, k)[j];
+        return c;
+}
+
+/* Over the cluster's hist[0..nb) (every block's filled) in ascending (or, reverse,
+ * descending) bin order: the first bin at which the running sum exceeds g, and g less
+ * the sum before it. With top_p > 0, g is top-p's need less one, from the total. False
+ * when the total does not exceed g. Every block of the cluster calls it and gets the same
+ * answer; on return every block may fill its hist again. */
+__device__ bool scan_bins(Smem &sm, cg::cluster_group &cl, uint32_t nb, bool reverse, u64 g,
+        float top_p, uint32_t *ret_bin, u64 *ret_rem)
 {
         uint32_t per = nb / THREADS, j0 = threadIdx.x * per;
         u64 local = 0, total;
+        cl.sync();
         for (uint32_t j = j0; j < j0 + per; j++)
-                local += sm.hist[reverse ? nb - 1 - j : j];
+                local += cluster_bin(sm, cl, reverse ? nb - 1 - j : j);
         u64 c = block_scan(sm, local, &total);
         if (top_p > 0.0f)
                 g = sm_top_p_need(top_p, total) - 1;
-        if (total <= g)
-                return false;
-        if (c <= g && g < c + local)
+        bool found = total > g;
+        if (found && c <= g && g < c + local)
                 for (uint32_t j = j0; j < j0 + per; j++) {
                         uint32_t bin = reverse ? nb - 1 - j : j;
-                        if (g < c + sm.hist[bin]) {
+                        u64 h = cluster_bin(sm, cl, bin);
+                        if (g < c + h) {
                                 sm.sel_bin = bin;
                                 sm.sel_rem = g - c;
                                 break;
                         }
-                        c += sm.hist[bin];
+                        c += h;
                 }
-        __syncthreads();
+        /* every block is done reading the others' hist, and sel_* is written */
+        cl.sync();
         *ret_bin = sm.sel_bin;
         *ret_rem = sm.sel_rem;
         __syncthreads();
-        return true;
+        return found;
 }
 
-/* In ascending id order, the first id at which the running sum of weight(i, v) exceeds
- * target(total), or NONE. Each warp sums a contiguous segment; the warp whose segment
+/* In ascending id order over the whole row, the first id at which the running sum of
+ * weight(i, v) exceeds target(total), or NONE; every block of the cluster gets it. The
+ * block sums its ids [blo, bhi), each warp a contiguous segment; the warp whose segment
  * holds the target walks it 256 ids at a time, eight consecutive ids a lane. */
 template <class Weight, class Target>
-__device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Weight weight,
-        Target target_of)
+__device__ uint32_t ordered_pick(Smem &sm, cg::cluster_group &cl, const float *row, uint32_t blo,
+        uint32_t bhi, Weight weight, Target target_of)
 {
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        uint32_t seg = (vocab + WARPS * 256 - 1) / (WARPS * 256) * 256;
-        uint32_t lo = min(vocab, warp * seg), hi = min(vocab, lo + seg);
+        uint32_t seg = (bhi - blo + WARPS * 256 - 1) / (WARPS * 256) * 256;
+        uint32_t lo = min(bhi, blo + warp * seg), hi = min(bhi, lo + seg);
 
         u64 s = 0;
         for (uint32_t i = lo + lane; i < hi; i += 32)
@@ -210,6 +228,16 @@ __device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Wei
         for (uint32_t w = 0; w < WARPS; w++) {
                 pre += w < warp ? sm.wsum[w] : 0;
                 total += sm.wsum[w];
+        }
+        if (threadIdx.x == 0)
+                sm.block_sum = total;
+        /* the blocks' runs are in id order: the blocks before this one come first */
+        cl.sync();
+        total = 0;
+        for (uint32_t k = 0; k < cl.num_blocks(); k++) {
+                u64 b = *cl.map_shared_rank(&sm.block_sum, k);
+                pre += k < cl.block_rank() ? b : 0;
+                total += b;
         }
         u64 target = target_of(total);
         if (target < total && pre <= target && target < pre + sm.wsum[warp]) {
@@ -236,7 +264,10 @@ __device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Wei
                                         for (uint32_t j = 0; j < 8; j++) {
                                                 cum += w[j];
                                                 if (cum > target) {
-                                                        sm.pick = first + j;
+                                                        for (uint32_t k = 0;
+                                                                k < cl.num_blocks(); k++)
+                                                                *cl.map_shared_rank(&sm.pick,
+                                                                        k) = first + j;
                                                         break;
                                                 }
                                         }
@@ -245,17 +276,21 @@ __device__ uint32_t ordered_pick(Smem &sm, const float *row, uint32_t vocab, Wei
                         carry += chunk;
                 }
         }
-        __syncthreads();
+        /* the pick is in every block; block_sum and pick are written again only after the
+         * next call's first barrier, which every block reaches after reading them here */
+        cl.sync();
         uint32_t pick = sm.pick;
         __syncthreads();
         return pick;
 }
 
-/* The kept candidate (*ret_v, *ret_id) at which, best first, the running count (count) or
- * weight first exceeds g (top_p > 0: top-p's need less one). False when all kept
- * candidates together do not exceed g. */
-__device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, const Filter &f, bool count,
-        u64 g, float top_p, float *ret_v, uint32_t *ret_id)
+/* The kept candidate (*ret_v, *ret_id) of the whole row at which, best first, the running
+ * count (count) or weight first exceeds g (top_p > 0: top-p's need less one). False when
+ * all kept candidates together do not exceed g. The block takes ids [blo, bhi); every
+ * block of the cluster calls it and gets the same answer. */
+__device__ bool weighted_select(Smem &sm, cg::cluster_group &cl, const float *row, uint32_t blo,
+        uint32_t bhi, const Filter &f, bool count, u64 g, float top_p, float *ret_v,
+        uint32_t *ret_id)
 {
         uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         uint32_t bucket, bin, prefix = 0;
@@ -265,10 +300,10 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
         for (uint32_t j = threadIdx.x; j < BINS; j += THREADS)
                 sm.hist[j] = 0;
         __syncthreads();
-        for (uint32_t base = warp * 32; base < vocab; base += THREADS) {
+        for (uint32_t base = blo + warp * 32; base < bhi; base += THREADS) {
                 uint32_t i = base + lane, b = NONE;
                 u64 w = 0;
-                if (i < vocab) {
+                if (i < bhi) {
                         float v = row[i];
                         w = kept(f, i, v);
                         if (w)
@@ -277,8 +312,7 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
                 if (__any_sync(FULL, b != NONE))
                         hist_add(sm.hist, NULL, b, count ? 1 : w, i);
         }
-        __syncthreads();
-        if (!scan_bins(sm, BINS, false, g, top_p, &bucket, &rem))
+        if (!scan_bins(sm, cl, BINS, false, g, top_p, &bucket, &rem))
                 return false;
         /* the bucket's keys: the logits from its least up to the next bucket's least */
         uint32_t top = ord_of(f.max), live = ord_of(f.live);
@@ -299,10 +333,10 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
                                 minid[j] = NONE;
                 }
                 __syncthreads();
-                for (uint32_t base = warp * 32; base < vocab; base += THREADS) {
+                for (uint32_t base = blo + warp * 32; base < bhi; base += THREADS) {
                         uint32_t i = base + lane, b = NONE;
                         u64 w = 0;
-                        if (i < vocab) {
+                        if (i < bhi) {
                                 float v = row[i];
                                 uint32_t o = ord_of(v);
                                 if (o >= key_lo && o <= key_hi &&
@@ -315,18 +349,21 @@ __device__ bool weighted_select(Smem &sm, const float *row, uint32_t vocab, cons
                         if (__any_sync(FULL, b != NONE))
                                 hist_add(sm.hist, minid, b, count ? 1 : w, i);
                 }
-                __syncthreads();
-                scan_bins(sm, nb, true, rem, 0.0f, &bin, &rem);
+                scan_bins(sm, cl, nb, true, rem, 0.0f, &bin, &rem);
                 prefix = prefix << width | bin;
         }
 
-        /* the candidates of logit v weigh alike: the tie is the rem / weight-th by id */
+        /* the candidates of logit v weigh alike: the tie is the rem / weight-th by id. The
+         * blocks' minid are written again only in the next select's last level, three
+         * cluster barriers on. */
         float v = val_of(prefix);
         u64 t = rem / (count ? 1 : sm_weight(v, f.max, f.temp));
-        uint32_t id = sm.minid[bin];
+        uint32_t id = NONE;
+        for (uint32_t k = 0; k < cl.num_blocks(); k++)
+                id = min(id, cl.map_shared_rank(sm.minid, k)[bin]);
         if (t > 0)
                 id = ordered_pick(
-                        sm, row, vocab,
+                        sm, cl, row, blo, bhi,
                         [&](uint32_t i, float x) -> u64 { return x == v && kept(f, i, x) ? 1 : 0; },
                         [&](u64) { return t; });
         *ret_v = v;
@@ -408,11 +445,13 @@ __device__ void block_argmax(Smem &sm, const float *row, uint32_t lo, uint32_t h
 }
 
 /* A row is one cluster: its blocks take equal runs of ids (multiples of 4), penalize their
- * own and find their largest logit, and the first block takes the others' through
- * distributed shared memory, then samples from the whole row (the others wait, so that the
- * penalties stay in place). One block read a 152064-logit row's 608 KB in about 10 us of
- * the 7B step's critical path, bound by what one SM has in flight; eight take 6.3 us (7B
- * batch 1 0.6% faster, 32B 0.2%: docs/PERF.md, twenty-fifth session). */
+ * own and find their largest logit, and every block takes the others' through distributed
+ * shared memory. A row sampled with a temperature then goes through the selects and the
+ * draw, each block over its own run. One block read a 152064-logit row's 608 KB in about
+ * 10 us of the 7B step's critical path, bound by what one SM has in flight; eight take 6.3
+ * us (7B batch 1 0.6% faster, 32B 0.2%: docs/PERF.md, twenty-fifth session). One block
+ * alone through the selects of a row of nearly flat logits took about 1.1 ms (forty-first
+ * session, run 5). */
 __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
 {
@@ -447,20 +486,21 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
         }
         /* every block's penalties in the row and its largest in its shared memory */
         cl.sync();
-        int32_t id = best;
-        if (rank == 0) {
-                /* as the warps' results meet (a run may be empty: small vocabularies) */
-                for (uint32_t k = 1; k < nb; k++) {
-                        float v = *cl.map_shared_rank(&sm.rank_v, k);
-                        int32_t i = *cl.map_shared_rank(&sm.rank_id, k);
-                        if (v > max || (v == max && i < id)) {
-                                max = v;
-                                id = i;
-                        }
+        /* as the warps' results meet, from the first block's on in every block, so that
+         * all agree (a run may be empty: small vocabularies); rank_v and rank_id are not
+         * written again */
+        max = *cl.map_shared_rank(&sm.rank_v, 0);
+        int32_t id = *cl.map_shared_rank(&sm.rank_id, 0);
+        for (uint32_t k = 1; k < nb; k++) {
+                float v = *cl.map_shared_rank(&sm.rank_v, k);
+                int32_t i = *cl.map_shared_rank(&sm.rank_id, k);
+                if (v > max || (v == max && i < id)) {
+                        max = v;
+                        id = i;
                 }
         }
 
-        if (rank == 0 && p.temperature > 0.0f && isfinite(max)) {
+        if (p.temperature > 0.0f && isfinite(max)) {
                 Filter f = {};
                 f.max = max;
                 f.temp = p.temperature;
@@ -468,20 +508,22 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
                         return sm_scaled(v, max, p.temperature) >= SM_X_MIN;
                 }));
                 if (p.top_k > 0 && p.top_k < vocab)
-                        f.k_on = weighted_select(sm, row, vocab, f, true, p.top_k - 1, 0.0f, &f.kv, &f.kid);
+                        f.k_on = weighted_select(sm, cl, row, lo, hi, f, true, p.top_k - 1, 0.0f,
+                                &f.kv, &f.kid);
                 if (p.top_p > 0.0f && p.top_p < 1.0f)
-                        f.p_on = weighted_select(sm, row, vocab, f, false, 0, p.top_p, &f.pv, &f.pid);
+                        f.p_on = weighted_select(sm, cl, row, lo, hi, f, false, 0, p.top_p, &f.pv,
+                                &f.pid);
                 f.min_on = p.min_p > 0.0f;
                 f.min_w = sm_min_p_floor(p.min_p);
                 uint64_t random = philox_draw(p.seed, p.draw);
                 uint32_t pick = ordered_pick(
-                        sm, row, vocab, [&](uint32_t i, float v) { return kept(f, i, v); },
+                        sm, cl, row, lo, hi, [&](uint32_t i, float v) { return kept(f, i, v); },
                         [&](u64 total) { return (u64) sm_target(random, total); });
                 if (pick < vocab)
                         id = (int32_t) pick;
         }
 
-        /* the first block is done with the others' shared memory and the penalized row */
+        /* every block is done with the others' shared memory and the penalized row */
         cl.sync();
         for (uint32_t j = threadIdx.x; j < p.pen_n; j += THREADS) {
                 uint32_t i = pen[p.pen_off + j].x;
@@ -500,8 +542,10 @@ __global__ void __launch_bounds__(THREADS) k_sample(float *logits, uint32_t ld, 
 void cu_sample(cudaStream_t st, float *logits, uint32_t rows, uint32_t ld, uint32_t vocab,
         const CuSampleParams *params, const uint2 *pen, float *pen_saved, int32_t *ids)
 {
-        /* a cluster a row where the rows leave SMs idle: up to SAMPLE_CLUSTER_ROWS */
-        uint32_t nb = rows <= SAMPLE_CLUSTER_ROWS ? SAMPLE_CLUSTER : 1;
+        /* a cluster a row, as wide as the rows leave SMs idle */
+        uint32_t nb = SAMPLE_CLUSTER;
+        while (nb > 1 && rows * nb > SAMPLE_CLUSTER_BLOCKS)
+                nb /= 2;
         cudaLaunchAttribute at;
         at.id = cudaLaunchAttributeClusterDimension;
         at.val.clusterDim.x = nb;

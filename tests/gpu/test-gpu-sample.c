@@ -3,7 +3,8 @@
  *  - random rows (gaussian with peaks, flat, quantized into exact ties, 1-ulp near-ties,
  *    masked with -inf) of V3's 129280 ids, Qwen2's 151936, 1000 and 37, under every
  *    filter alone and combined, with and without penalties and histories (repeats,
- *    padding and negative ids): the device's id equals bk_sample's. Both do the same
+ *    padding and negative ids), in steps whose rows are one block or a cluster of 2, 4
+ *    or 8 blocks each: the device's id equals bk_sample's. Both do the same
  *    correctly rounded operations and integer sums (kernels/sample_math.h), so no
  *    floating-point boundary case is expected: the test allows MAX_BOUNDARY of them and
  *    counts an id that differs as one only when bk_sample itself changes its mind on a
@@ -285,11 +286,15 @@ int main(void)
         uint32_t per_config[N_CONFIGS] = {0}, boundary = 0, total = 0;
 
         gpu_require();
+        /* steps of more than 64 rows give a row one block; 64, 32 and up to 16 rows give it
+         * a cluster of 2, 4 and 8 (cu_sample) */
+        static const uint32_t step_rows[] = {MAX_ROWS, 64, 32, 16, 3};
         for (size_t v = 0; v < ELEMENTSOF(vocabs); v++)
-                for (uint32_t rep = 0; rep < (vocabs[v] > 1000 ? 2 : 6); rep++) {
-                        boundary += compare(vocabs[v], MAX_ROWS, per_config);
-                        total += MAX_ROWS;
-                }
+                for (size_t n = 0; n < ELEMENTSOF(step_rows); n++)
+                        for (uint32_t rep = 0; rep < (vocabs[v] > 1000 ? 2 : 6); rep++) {
+                                boundary += compare(vocabs[v], step_rows[n], per_config);
+                                total += step_rows[n];
+                        }
         for (size_t c = 0; c < N_CONFIGS; c++)
                 CHECK(per_config[c] > 20, "config %zu drawn only %u times", c, per_config[c]);
         printf("%u rows: device ids == bk_sample ids except %u rounding boundary cases (at "
