@@ -39,7 +39,9 @@ namespace cg = cooperative_groups;
 typedef unsigned long long u64;
 
 typedef struct Smem {
-        u64 hist[BINS];
+        /* a bin's count is hist_hi 2^32 + hist_lo: 32-bit atomics, since a 64-bit add to
+         * shared memory compiles to a compare-and-swap loop (ATOMS.CAST.SPIN.64) */
+        uint32_t hist_lo[BINS], hist_hi[BINS];
         uint32_t minid[BINS / 2]; /* the last radix digit has 10 bits */
         u64 wsum[WARPS];
         float bv[WARPS];
@@ -116,9 +118,10 @@ __device__ uint32_t least_key(uint32_t lo, uint32_t hi, Pred pred)
         return lo;
 }
 
-/* hist[bin] += add over the warp, one atomic per distinct bin; minid[bin] gets the least
- * id when minid is given. Every lane calls it; bin NONE adds nothing. add < 2^35. */
-__device__ __forceinline__ void hist_add(u64 *hist, uint32_t *minid, uint32_t bin, u64 add,
+/* The block's count of bin += add over the warp, one atomic (two where the high word
+ * moves) per distinct bin; minid[bin] gets the least id when minid is given. Every lane
+ * calls it; bin NONE adds nothing. add < 2^35. */
+__device__ __forceinline__ void hist_add(Smem &sm, uint32_t *minid, uint32_t bin, u64 add,
         uint32_t id)
 {
         uint32_t peers = __match_any_sync(FULL, bin);
@@ -128,9 +131,40 @@ __device__ __forceinline__ void hist_add(u64 *hist, uint32_t *minid, uint32_t bi
         uint32_t hi = __reduce_add_sync(peers, (uint32_t) (add >> 24));
         uint32_t mn = minid ? __reduce_min_sync(peers, id) : 0;
         if (threadIdx.x % 32 == (uint32_t) (__ffs(peers) - 1)) {
-                atomicAdd(&hist[bin], ((u64) hi << 24) + lo);
+                u64 a = ((u64) hi << 24) + lo;
+                uint32_t l = (uint32_t) a, h = (uint32_t) (a >> 32);
+                uint32_t old = atomicAdd(&sm.hist_lo[bin], l);
+                /* the low word wrapped: a carry into the high one */
+                h += old + l < old;
+                if (h)
+                        atomicAdd(&sm.hist_hi[bin], h);
                 if (minid)
                         atomicMin(&minid[bin], mn);
+        }
+}
+
+/* visit(i, v) for every id i of [blo, bhi) and its logit v, 32 consecutive ids a warp at a
+ * time, every lane of the warp together (i >= bhi: a lane past the end, v = 0), with
+ * PASS_LOADS loads of each warp in flight. That was no faster than one at a time: the
+ * passes wait on the histogram updates, not on the loads (docs/PERF.md, forty-second
+ * session, runs 5-6). */
+#define PASS_LOADS 4
+
+template <class Visit>
+__device__ __forceinline__ void row_pass(const float *row, uint32_t blo, uint32_t bhi, Visit visit)
+{
+        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        for (uint32_t base = blo + warp * 32; base < bhi; base += PASS_LOADS * THREADS) {
+                float v[PASS_LOADS];
+#pragma unroll
+                for (uint32_t u = 0; u < PASS_LOADS; u++) {
+                        uint32_t i = base + u * THREADS + lane;
+                        v[u] = i < bhi ? row[i] : 0.0f;
+                }
+#pragma unroll
+                for (uint32_t u = 0; u < PASS_LOADS; u++)
+                        if (base + u * THREADS < bhi)
+                                visit(base + u * THREADS + lane, v[u]);
         }
 }
 
@@ -157,16 +191,17 @@ __device__ u64 block_scan(Smem &sm, u64 v, u64 *total)
         return pre + incl - v;
 }
 
-/* The cluster's count of bin j: the sum of its blocks' hist[j]. */
+/* The cluster's count of bin j: the sum of its blocks' counts of j. */
 __device__ __forceinline__ u64 cluster_bin(Smem &sm, cg::cluster_group &cl, uint32_t j)
 {
         u64 c = 0;
         for (uint32_t k = 0; k < cl.num_blocks(); k++)
-                c += cl.map_shared_rank(sm.hist, k)[j];
+                c += (u64) cl.map_shared_rank(sm.hist_hi, k)[j] << 32 |
+                     cl.map_shared_rank(sm.hist_lo, k)[j];
         return c;
 }
 
-/* Over the cluster's hist[0..nb) (every block's filled) in ascending (or, reverse,
+/* Over the cluster's bins [0, nb) (every block's counts made) in ascending (or, reverse,
  * descending) bin order: the first bin at which the running sum exceeds g, and g less
  * the sum before it. With top_p > 0, g is top-p's need less one, from the total. False
  * when the total does not exceed g. Every block of the cluster calls it and gets the same
@@ -215,6 +250,7 @@ __device__ uint32_t ordered_pick(Smem &sm, cg::cluster_group &cl, const float *r
         uint32_t lo = min(bhi, blo + warp * seg), hi = min(bhi, lo + seg);
 
         u64 s = 0;
+#pragma unroll 4
         for (uint32_t i = lo + lane; i < hi; i += 32)
                 s += weight(i, row[i]);
         for (int o = 16; o > 0; o >>= 1)
@@ -292,26 +328,24 @@ __device__ bool weighted_select(Smem &sm, cg::cluster_group &cl, const float *ro
         uint32_t bhi, const Filter &f, bool count, u64 g, float top_p, float *ret_v,
         uint32_t *ret_id)
 {
-        uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         uint32_t bucket, bin, prefix = 0;
         u64 rem;
 
         /* buckets of the scaled logit */
         for (uint32_t j = threadIdx.x; j < BINS; j += THREADS)
-                sm.hist[j] = 0;
+                sm.hist_lo[j] = sm.hist_hi[j] = 0;
         __syncthreads();
-        for (uint32_t base = blo + warp * 32; base < bhi; base += THREADS) {
-                uint32_t i = base + lane, b = NONE;
+        row_pass(row, blo, bhi, [&](uint32_t i, float v) {
+                uint32_t b = NONE;
                 u64 w = 0;
                 if (i < bhi) {
-                        float v = row[i];
                         w = kept(f, i, v);
                         if (w)
                                 b = bucket_of(f, v);
                 }
                 if (__any_sync(FULL, b != NONE))
-                        hist_add(sm.hist, NULL, b, count ? 1 : w, i);
-        }
+                        hist_add(sm, NULL, b, count ? 1 : w, i);
+        });
         if (!scan_bins(sm, cl, BINS, false, g, top_p, &bucket, &rem))
                 return false;
         /* the bucket's keys: the logits from its least up to the next bucket's least */
@@ -328,27 +362,24 @@ __device__ bool weighted_select(Smem &sm, cg::cluster_group &cl, const float *ro
                 uint32_t nb = 1u << width;
                 uint32_t *minid = level == 2 ? sm.minid : NULL;
                 for (uint32_t j = threadIdx.x; j < nb; j += THREADS) {
-                        sm.hist[j] = 0;
+                        sm.hist_lo[j] = sm.hist_hi[j] = 0;
                         if (minid)
                                 minid[j] = NONE;
                 }
                 __syncthreads();
-                for (uint32_t base = blo + warp * 32; base < bhi; base += THREADS) {
-                        uint32_t i = base + lane, b = NONE;
+                row_pass(row, blo, bhi, [&](uint32_t i, float v) {
+                        uint32_t b = NONE;
                         u64 w = 0;
-                        if (i < bhi) {
-                                float v = row[i];
-                                uint32_t o = ord_of(v);
-                                if (o >= key_lo && o <= key_hi &&
-                                        (level == 0 || o >> (shift + width) == prefix)) {
-                                        w = kept(f, i, v);
-                                        if (w)
-                                                b = (o >> shift) & (nb - 1);
-                                }
+                        uint32_t o = ord_of(v);
+                        if (i < bhi && o >= key_lo && o <= key_hi &&
+                                (level == 0 || o >> (shift + width) == prefix)) {
+                                w = kept(f, i, v);
+                                if (w)
+                                        b = (o >> shift) & (nb - 1);
                         }
                         if (__any_sync(FULL, b != NONE))
-                                hist_add(sm.hist, minid, b, count ? 1 : w, i);
-                }
+                                hist_add(sm, minid, b, count ? 1 : w, i);
+                });
                 scan_bins(sm, cl, nb, true, rem, 0.0f, &bin, &rem);
                 prefix = prefix << width | bin;
         }
