@@ -81,6 +81,11 @@ expect() { # LISTING PATH...
 for deb in "$out"/*.deb; do
         dpkg-deb --contents "$deb" | awk '{print $6}' | sed 's,^\.,,' >"$deb.list"
 done
+# Manual pages: compressed by dh_compress and rpm's brp-compress where it runs.
+man="/usr/share/man/man8/dsd.8 /usr/share/man/man1/dsctl.1 /usr/share/man/man1/dsquant.1
+/usr/share/man/man1/dsbench.1 /usr/share/man/man5/dsd.json.5"
+# shellcheck disable=SC2086 # $man is a list of paths
+expect "$(ls "$out"/dsd_*.deb).list" $(for m in $man; do echo "$m.gz"; done)
 expect "$(ls "$out"/dsd_*.deb).list" /usr/bin/dsd /usr/bin/dsctl /etc/dsd/dsd.json \
         /lib/systemd/system/dsd.service /lib/systemd/system/dsd.socket \
         /usr/lib/sysusers.d/dsd.conf /usr/lib/tmpfiles.d/dsd.conf \
@@ -97,6 +102,12 @@ for s in postinst prerm postrm; do
 done
 for rpm in "$out"/*.rpm; do
         rpm -qlp "$rpm" 2>/dev/null >"$rpm.list"
+done
+for m in $man; do
+        grep -q -- "$m\(\.gz\)\?\$" "$(ls "$out"/dsd-"$version"-*.rpm).list" || {
+                echo "build-packages: $m missing from the dsd .rpm" >&2
+                fail=1
+        }
 done
 expect "$(ls "$out"/dsd-"$version"-*.rpm).list" /usr/bin/dsd /usr/bin/dsctl /etc/dsd/dsd.json \
         /usr/lib/systemd/system/dsd.service /usr/lib/systemd/system/dsd.socket \

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs what building, testing and packaging dsd needs (packaging/build-packages.sh:
-# debhelper, dpkg-dev, fakeroot, rpm), from Debian's packages, plus one test-only
-# tool from PyPI (prometheus_client, whose parser checks GET /metrics). One list, used by
-# the README's quick start and by CI. Runs apt-get through sudo when not root.
+# debhelper, dpkg-dev, fakeroot, rpm; groff-base, which checks the manual pages), from
+# Debian's packages, plus one test-only tool from PyPI (prometheus_client, whose parser
+# checks GET /metrics). One list, used by the README's quick start and by CI. Runs
+# apt-get through sudo when not root.
 set -eu
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
@@ -13,7 +14,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
         libcjson-dev libpcre2-dev libutf8proc-dev \
         libsystemd-dev liburing-dev libnuma-dev dbus dbus-daemon dbus-bin systemd \
         clang libclang-rt-14-dev \
-        debhelper dpkg-dev fakeroot rpm >/dev/null
+        debhelper dpkg-dev fakeroot rpm groff-base >/dev/null
 # Into the python3 the tests run with; Debian's own python3 refuses a plain install
 # (PEP 668), hence the second try.
 python3 -m pip install --quiet prometheus_client 2>/dev/null ||

@@ -735,7 +735,8 @@ static void help(void)
                "  --json FILE            also write the results as JSON\n"
                "  --http ADDR            the OpenAI HTTP listener instead (a Unix socket path or\n"
                "                         host:port): streamed /v1/completions with dsd_timing\n"
-               "  --api-key KEY          its bearer token, when it wants one\n");
+               "  --api-key KEY          its bearer token, when it wants one\n"
+               "  -h, --help             this text\n");
 }
 
 static int parse_argv(int argc, char **argv)
@@ -953,13 +954,12 @@ int main(int argc, char **argv)
                 printf(" at %.2f req/s", arg_rate);
         const char *transport = arg_http ? "http" : arg_socket_only ? "socket" : "ring";
         printf(", %s clients, %s\n", wait_mode, transport);
-        printf("  %.2f s, %" PRIu64 " requests done, %" PRIu64 " errors%s%s\n", secs, n_final,
+        printf("  %.2f s, %" PRIu64 " requests done, %" PRIu64 " errors%s%s%s\n", secs, n_final,
                 n_errors, n_errors ? " (first: " : "",
                 !n_errors  ? ""
                 : arg_http ? http_status_text(first_error)
-                           : ds_strerror(first_error));
-        if (n_errors)
-                printf(")\n");
+                           : ds_strerror(first_error),
+                n_errors ? ")" : "");
         printf("  throughput: %.1f generated tokens/s, %.1f prompt tokens/s, %.2f requests/s\n",
                 (double) generated / secs, (double) prompt_tokens / secs, (double) n_final / secs);
         print_dist(stdout, "time to first token", &v[S_TTFT], false, false);

@@ -47,10 +47,10 @@ static void help(void)
                "Options:\n"
                "  --system        the system bus (default; DSD_BUS=session changes it)\n"
                "  --user          the session bus\n"
+               "  --json          JSON output (status, clients, stats)\n"
                "\n"
                "Environment: DSD_BUS=system or DSD_BUS=session picks the bus when neither\n"
                "option is given; any other non-empty value is an error.\n"
-               "  --json          JSON output (status, clients, stats)\n"
                "\n"
                "Exit status: 0 ok, 1 the daemon refused or failed, 2 usage, 3 dsd is not "
                "running.\n");

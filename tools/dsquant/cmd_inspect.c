@@ -34,7 +34,7 @@ static int parse_argv(int argc, char **argv)
 
         opterr = 0;
         optind = 1;
-        while ((c = getopt_long(argc, argv, "+h", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, "+:h", options, NULL)) >= 0)
                 switch (c) {
                 case 'm':
                         arg_model = optarg;
