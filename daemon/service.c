@@ -669,7 +669,12 @@ static int server_options_of(const DsdConfig *c, const ServiceOptions *o, const 
                 ret->max_clients = o->max_clients;
         if (o->slow_timeout_ms)
                 ret->slow_timeout_ms = o->slow_timeout_ms;
-        ret->max_queue = c->limits.queue_length;
+        /* the scheduler's bound, its default for 0 included, as the welcome reports it */
+        SchedLimits lim;
+        DsError ignored = {}; /* load_finish reports bad limits */
+        limits_of(c, o, &lim);
+        (void) sched_limits_check(&lim, &ignored);
+        ret->max_queue = lim.max_queued;
         ret->stop_drain_usec = (uint64_t) c->stop_timeout_sec * 1000000;
         ret->http = http;
         int r = notify_listen_fd(c->socket_path, err);

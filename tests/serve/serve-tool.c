@@ -71,10 +71,11 @@ static int cmd_info(const char *sock)
                 return 1;
         }
         printf("{\"model\": \"%s\", \"context\": %u, \"active\": %u, \"queued\": %u, "
-               "\"clients\": %u, \"kv_total\": %llu, \"kv_free\": %llu, \"mode\": %u}\n",
+               "\"clients\": %u, \"kv_total\": %llu, \"kv_free\": %llu, \"mode\": %u, "
+               "\"max_queue\": %u}\n",
                 in.model, in.context_length, in.active, in.queued, in.clients,
                 (unsigned long long) in.kv_blocks_total, (unsigned long long) in.kv_blocks_free,
-                in.mode);
+                in.mode, in.max_queue);
         ds_close(c);
         return 0;
 }

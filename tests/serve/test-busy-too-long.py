@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A full queue answers 'busy' at once and an over-long prompt 'prompt too long', each
-with a message naming the limit."""
+with a message naming the limit; the welcome reports the queue bound the scheduler
+applies, its default (256) for --queue 0."""
 import json
 import subprocess
 
@@ -24,6 +25,8 @@ def main(tmp, model):
             fail(f"the busy message does not name the queue limit: {res['busy_message']!r}")
 
         info = d.info()
+        if info["max_queue"] != 2:
+            fail(f"the welcome reports a queue of {info['max_queue']}, not --queue's 2")
         p = subprocess.run([TOOL, "long", d.sock, str(info["context"] + 100)],
                            capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
@@ -46,6 +49,17 @@ def main(tmp, model):
         rc = d.stop()
     if rc != 0:
         fail(f"the daemon exited with {rc}\n{d.text()}")
+
+    d = Daemon(tmp, model, "--queue", "0")
+    try:
+        info = d.info()
+        print(f"--queue 0: {info}")
+        if info["max_queue"] != 256:
+            fail(f"with --queue 0 the welcome reports a queue of {info['max_queue']}, not 256")
+    finally:
+        rc = d.stop()
+    if rc != 0:
+        fail(f"the daemon with --queue 0 exited with {rc}\n{d.text()}")
     print("ok")
     return 0
 
