@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""dsbench's options: a bad number or range (a sign, overflow, text after it, MIN > MAX)
-and an unwritable --json file are refused before anything runs, naming the option or the
-file; good ranges drive a real daemon on the embedded model and land in the JSON."""
+"""dsbench's options: a bad number or range (a sign, overflow, text after it, MIN > MAX),
+an unwritable --json file and, with --http, more prompt words than a request body holds
+are refused before anything runs, naming the option or the file; good ranges drive a real
+daemon on the embedded model (the most words that fit through its HTTP listener) and land
+in the JSON."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,15 @@ for opt, value in (("--prompt-words", "-3"), ("--prompt-words", "1000001"),
     check(p.returncode == 1 and f"dsbench: {opt}: '{value}'".encode() in p.stderr
           and not p.stdout, f"{opt} {value} is refused before the run: {p.stderr!r}")
 
+# With --http the longest prompt must fit a 4096-byte request body: refused before the
+# run, naming the option and how many words fit.
+p = run("--http", "/nonexistent/h.sock", "--prompt-words", "10:600")
+m = re.search(rb"at most (\d+) words fit", p.stderr)
+fit = int(m.group(1)) if m else 0
+check(p.returncode == 1 and p.stderr.startswith(b"dsbench: --prompt-words: ") and
+      500 < fit < 600 and not p.stdout,
+      f"--http with 600 prompt words is refused before the run: {p.stderr!r}")
+
 # No daemon: the socket is named and nothing is measured or reported, from --socket and
 # from $DSD_SOCKET alike; the --json file made before the check is removed again.
 with tempfile.TemporaryDirectory() as tmp:
@@ -55,7 +67,8 @@ with tempfile.TemporaryDirectory() as tmp:
           f"an unwritable --json file is refused before the run: {p.stderr!r}")
 
     sock = os.path.join(tmp, "dsd.sock")
-    d = subprocess.Popen([dsd, "--model", model, "--socket", sock],
+    http = os.path.join(tmp, "h.sock")
+    d = subprocess.Popen([dsd, "--model", model, "--socket", sock, "--http-listen", http],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -70,6 +83,12 @@ with tempfile.TemporaryDirectory() as tmp:
               and res.get("prompt_words") == [0, 3] and res.get("max_tokens") == [2, 4]
               and 3 * 2 <= res.get("generated_tokens", 0) <= 3 * 4,
               f"good ranges run and are written to --json ({p.stderr!r}, {res})")
+        # as many words as the refusal said fit go through the HTTP listener
+        p = run("--http", http, "--requests", "2", "--prompt-words", str(fit),
+                "--max-tokens", "2", "--json", out)
+        res = json.load(open(out)) if p.returncode == 0 else {}
+        check(p.returncode == 0 and res.get("requests") == 2 and res.get("errors") == 0,
+              f"--http with {fit} prompt words runs ({p.returncode}, {p.stderr!r}, {res})")
     finally:
         d.terminate()
         d.wait(timeout=60)

@@ -130,6 +130,14 @@ static void emit(Child *ch, uint32_t kind, int32_t code, double v)
 
 static int http_submit(Child *ch, Slot *sl, const char *prompt, uint32_t max_tokens);
 
+/* A prompt is "Once upon a time" and words of these, each after a space. */
+#define PROMPT_START    "Once upon a time"
+#define PROMPT_WORD_MAX 6 /* "little" */
+#define HTTP_BODY_MAX   4096
+#define HTTP_BODY_FORMAT                                                                           \
+        "{\"prompt\":\"%s\",\"max_tokens\":%u,\"temperature\":0,\"stream\":true,"                  \
+        "\"stream_options\":{\"include_usage\":true},\"dsd_timing\":true}"
+
 static int child_submit(Child *ch, Slot *sl)
 {
         static const char *const words[] = {"the", "little", "dog", "ran", "to", "a", "big", "tree",
@@ -139,7 +147,7 @@ static int child_submit(Child *ch, Slot *sl)
         size_t len = 0;
         int r;
 
-        len += (size_t) sprintf(ch->prompt, "Once upon a time");
+        len += (size_t) sprintf(ch->prompt, PROMPT_START);
         for (uint32_t i = 0; i < n; i++)
                 len += (size_t) sprintf(ch->prompt + len, " %s",
                         words[rnd(&ch->seed) % (sizeof(words) / sizeof(words[0]))]);
@@ -334,13 +342,10 @@ static int http_connect(const char *addr)
 static int http_submit(Child *ch, Slot *sl, const char *prompt, uint32_t max_tokens)
 {
         HttpStream *h = &ch->http[sl - ch->slots];
-        char body[4096], req[8192];
+        char body[HTTP_BODY_MAX], req[HTTP_BODY_MAX + 4096];
         int n, m, fd;
 
-        n = snprintf(body, sizeof(body),
-                "{\"prompt\":\"%s\",\"max_tokens\":%u,\"temperature\":0,\"stream\":true,"
-                "\"stream_options\":{\"include_usage\":true},\"dsd_timing\":true}",
-                prompt, max_tokens);
+        n = snprintf(body, sizeof(body), HTTP_BODY_FORMAT, prompt, max_tokens);
         if (n < 0 || (size_t) n >= sizeof(body))
                 return -E2BIG;
         m = snprintf(req, sizeof(req),
@@ -724,7 +729,8 @@ static void help(void)
                "  --concurrency M        requests in flight per client (default 1)\n"
                "  --requests R           requests per client (default 16)\n"
                "  --prompt-words N|A:B   words after 'Once upon a time' (default 16, at most\n"
-               "                         1000000)\n"
+               "                         1000000; with --http, as many as fit its 4096-byte\n"
+               "                         request body)\n"
                "  --max-tokens N|A:B     output tokens at most (default 128)\n"
                "  --rate R               open loop: R requests/s over all clients (default:\n"
                "                         closed loop)\n"
@@ -842,6 +848,21 @@ static int parse_argv(int argc, char **argv)
                         "in flight per client\n",
                         HTTP_MAX_CONCURRENCY);
                 return -EINVAL;
+        }
+        if (arg_http) {
+                /* the longest prompt must fit the request body, checked before anything runs */
+                size_t fixed = (size_t) snprintf(
+                        NULL, 0, HTTP_BODY_FORMAT, PROMPT_START, arg_max_tokens.hi);
+                size_t fit = fixed < HTTP_BODY_MAX
+                                     ? (HTTP_BODY_MAX - 1 - fixed) / (PROMPT_WORD_MAX + 1)
+                                     : 0;
+                if (arg_prompt_words.hi > fit) {
+                        fprintf(stderr,
+                                "dsbench: --prompt-words: at most %zu words fit the %d-byte body "
+                                "of an --http request, not %u\n",
+                                fit, HTTP_BODY_MAX, arg_prompt_words.hi);
+                        return -EINVAL;
+                }
         }
         if (optind < argc) {
                 fprintf(stderr, "dsbench: unexpected argument '%s'\n", argv[optind]);
