@@ -34,22 +34,22 @@ static bool arg_lm_head_int8;
 static void eval_help(FILE *f)
 {
         fprintf(f,
-                "Usage: dsquant eval --model DIR (--ids FILE.json --logits-out OUT.f32 | --text "
-                "FILE)\n\n"
+                "Usage: dsquant eval --model DIR (--ids FILE.json [--logits-out OUT.f32]\n"
+                "                    [--decode N] | --text FILE)\n\n"
                 "Run one forward pass from position 0 and either write the logits of every\n"
                 "position as float32 little-endian [n][vocab_size], or print the perplexity of\n"
                 "a text tokenized with DIR/tokenizer.json (BOS prepended when the tokenizer\n"
-                "adds one). Timings go to stderr.\n\n"
-                "  --model DIR          the checkpoint directory\n"
-                "  --ids FILE.json      a JSON array of token ids\n"
-                "  --logits-out FILE    where --ids mode writes the logits\n"
-                "  --text FILE          a UTF-8 text whose perplexity to print\n"
-                "  --decode N           after --ids, greedy-decode N more tokens and print them\n"
-                "  --backend NAME       cpu (default), cuda or auto\n"
-                "  --threads N          CPU worker threads\n"
-                "  --lm-head-int8       quantize the lm_head to 8 bits a weight (a float32 scale\n"
-                "                       per group of 128 inputs) at load, as dsd --lm-head-int8\n"
-                "  --help               show this help\n");
+                "adds one). --ids takes --logits-out, --decode or both. Timings go to stderr.\n\n"
+                "  --model DIR           the checkpoint directory\n"
+                "  --ids FILE.json       a JSON array of token ids\n"
+                "  --logits-out OUT.f32  where --ids mode writes the logits\n"
+                "  --text FILE           a UTF-8 text whose perplexity to print\n"
+                "  --decode N            after --ids, greedy-decode N more tokens and print them\n"
+                "  --backend NAME        cpu (default), cuda or auto\n"
+                "  --threads N           CPU worker threads\n"
+                "  --lm-head-int8        quantize the lm_head to 8 bits a weight (a float32 scale\n"
+                "                        per group of 128 inputs) at load, as dsd --lm-head-int8\n"
+                "  --help                show this help\n");
 }
 
 static int parse_uint(const char *opt, const char *s, uint32_t *ret)

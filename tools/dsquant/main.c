@@ -31,7 +31,8 @@ static const struct {
                 "        Read one JSON array of ids per line on stdin, write one JSON string per "
                 "line."},
         {"eval", cmd_eval,
-                "--model DIR (--ids FILE.json --logits-out OUT.f32 | --text FILE)\n"
+                "--model DIR (--ids FILE.json [--logits-out OUT.f32] [--decode N] | --text "
+                "FILE)\n"
                 "        One forward pass from position 0: write float32 logits [n][vocab], or "
                 "print\n"
                 "        the perplexity of a text."},
