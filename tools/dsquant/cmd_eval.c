@@ -49,7 +49,7 @@ static void eval_help(FILE *f)
                 "  --threads N           CPU worker threads\n"
                 "  --lm-head-int8        quantize the lm_head to 8 bits a weight (a float32 scale\n"
                 "                        per group of 128 inputs) at load, as dsd --lm-head-int8\n"
-                "  --help                show this help\n");
+                "  -h, --help            show this help\n");
 }
 
 static int parse_uint(const char *opt, const char *s, uint32_t *ret)

@@ -20,7 +20,7 @@ static void inspect_help(FILE *f)
                    "model.safetensors.index.json), validate every file and tensor, and print its\n"
                    "architecture, dimensions, quantization, RoPE and a summary of its tensors.\n\n"
                    "  --model DIR   the checkpoint directory\n"
-                   "  --help        show this help\n");
+                   "  -h, --help    show this help\n");
 }
 
 static int parse_argv(int argc, char **argv)

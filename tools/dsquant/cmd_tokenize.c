@@ -21,7 +21,7 @@ static void help(FILE *f, const char *name)
                 "Usage: dsquant %s --tokenizer FILE\n\n"
                 "%s\n\n"
                 "  --tokenizer FILE   a Hugging Face tokenizer.json\n"
-                "  --help             show this help\n",
+                "  -h, --help         show this help\n",
                 name,
                 tok ? "Read one JSON string per line on stdin and write its token ids as one JSON\n"
                       "array per line.\n"
