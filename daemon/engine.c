@@ -144,7 +144,10 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
                 return r;
 
         e->block_tokens = opt->kv_block_tokens ? opt->kv_block_tokens : 16;
-        uint64_t kv_bytes = opt->kv_bytes;
+        uint64_t kv_bytes = opt->kv_bytes, used, total;
+        if (opt->kv_device_fraction > 0 && e->ops->mem_info &&
+                e->ops->mem_info(e->be, &used, &total) == 0 && total > used)
+                kv_bytes = (uint64_t) (opt->kv_device_fraction * (double) (total - used));
         if (!kv_bytes) {
                 uint64_t positions = MIN(cfg->max_positions, ENGINE_DEFAULT_KV_POSITIONS);
                 uint64_t blocks = (positions + e->block_tokens - 1) / e->block_tokens;

@@ -22,6 +22,10 @@ typedef struct EngineOptions {
         uint32_t threads;         /* CPU backend threads; 0 means one */
         const char *device;       /* backend-specific device ("0" for CUDA device 0); NULL */
         bool verbose;             /* progress lines on stderr while loading */
+        /* With a backend that reports its device memory, the KV cache takes this share of
+         * the device's free memory once the weights are resident, instead of kv_bytes;
+         * 0 keeps kv_bytes. */
+        double kv_device_fraction;
         /* Called after each layer loads (the daemon's STATUS= lines); overrides verbose. */
         void (*progress)(void *userdata, uint32_t layers_done, uint32_t n_layers);
         void *progress_userdata;

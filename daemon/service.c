@@ -21,7 +21,8 @@
 #include "service.h"
 
 /* On the CPU the KV cache lives in host memory next to everything else, so
- * kv_memory_fraction takes its share of MemAvailable capped at this, not of all of it. */
+ * kv_memory_fraction takes its share of MemAvailable capped at this, not of all of it (a
+ * backend that reports device memory takes its share of that instead: engine_open). */
 #define SERVICE_CPU_KV_BUDGET_MAX (4ull << 30)
 
 /* One model load on the loader thread. */
@@ -123,6 +124,10 @@ static void load_init(const Service *sv, const DsdConfig *c, Load *l)
                 .lm_head_int8 = c->lm_head_int8,
                 .threads = sv->opt->threads,
                 .kv_bytes = kv,
+                /* a device backend's KV cache lives in its own memory, next to nothing else */
+                .kv_device_fraction = sv->opt->kv_bytes == 0 && sv->opt->config_path
+                                              ? c->limits.kv_memory_fraction
+                                              : 0,
                 .device = c->backend == CONFIG_BACKEND_CPU ? NULL : l->device,
         };
 }
