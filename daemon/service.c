@@ -270,6 +270,10 @@ static bool reload_fits(const Service *sv, const Load *l)
         if (l->cfg.backend == CONFIG_BACKEND_CPU ||
                 (l->cfg.backend == CONFIG_BACKEND_AUTO && strcmp(sv->backend, "cuda") != 0))
                 return true;
+        /* a KV cache sized from the device's free memory took the room a second model
+         * would need, and the new one's, sized beside the old, would be a sliver */
+        if (l->eo.kv_device_fraction > 0)
+                return false;
         server_memory(sv->srv, &used, &total);
         return total > used && total - used >= 2 * checkpoint_bytes(l->cfg.model);
 }
