@@ -8,7 +8,8 @@
 #        A file .device/ab/LABEL.env written after the pack (VAR=value lines) sets the
 #        environment of LABEL's benches, so one revision can run under several settings.
 # There: tools/device-ab.sh run [--shapes S,...] [--phases P,...] [--rounds N] [--gpu L,...]
-#        [--trace L,...] [--trace-batch N] [--ncu L,...] [--sass L,...] [--gemv]
+#        [--memcheck L,...] [--trace L,...] [--trace-batch N] [--ncu L,...] [--sass L,...]
+#        [--gemv]
 #        (the run tool with carry [".deps", ".device"]): builds bench-cuda and dsquant of
 #        every revision side by side, writes the checkpoints (dsquant synth --shape S with
 #        the base's dsquant; default qwen2-7b,deepseek-v2-lite), runs bench-cuda with
@@ -18,6 +19,9 @@
 #        over the rounds and, after the base, their difference from the base's in %.
 #        --gpu: first builds the revisions labelled L in full (their benches use those
 #        builds) and runs their gpu suites (a failure is reported, the timing goes on).
+#        --memcheck: then the gpu suites of those of them labelled L again under
+#        compute-sanitizer memcheck (meson test --setup memcheck), each test's error and
+#        leak summary counted in the output and the log kept as memcheck-L.txt.
 #        --trace: after the benches, a batch-1 kernel trace (tests/bench/kernel-trace.c) of each
 #        shape for the revisions labelled L, under their .env, its first lines printed (at batch
 #        N with --trace-batch N). --ncu: after
@@ -85,6 +89,7 @@ run() {
         phases=b1,b8,b64
         rounds=2
         gpu=
+        memcheck=
         trace=
         trace_batch=1
         ncu=
@@ -97,6 +102,7 @@ run() {
                 --phases) phases=$2 ;;
                 --rounds) rounds=$2 ;;
                 --gpu) gpu=$2 ;;
+                --memcheck) memcheck=$2 ;;
                 --trace) trace=$2 ;;
                 --trace-batch) trace_batch=$2 ;;
                 --ncu) ncu=$2 ;;
@@ -137,6 +143,21 @@ run() {
                 grep -E "^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT)" "$out/gpu-$l.log" || true
         done
         [ -n "$gpu" ] && echo "gpu suites: $(($(date +%s) - t0)) s"
+        for l in $(echo "$memcheck" | tr ',' ' '); do
+                if [ ! -d "$work/full-$l/build-dev" ]; then
+                        echo "device-ab: --memcheck $l needs --gpu $l (its full build)"
+                        continue
+                fi
+                (cd "$work/full-$l" && DSD_SHARED=$PWD/.device/shared timeout 900 \
+                        meson test -C build-dev --setup memcheck --suite gpu --print-errorlogs) \
+                        >"$out/memcheck-run-$l.log" 2>&1 && echo "memcheck of $l: passed" ||
+                        echo "device-ab: memcheck of $l FAILED: $out/memcheck-$l.txt"
+                cp "$work/full-$l/build-dev/meson-logs/testlog-memcheck.txt" \
+                        "$out/memcheck-$l.txt" 2>/dev/null || true
+                grep -h -E "ERROR SUMMARY|LEAK SUMMARY" "$out/memcheck-$l.txt" 2>/dev/null |
+                        sort | uniq -c || true
+        done
+        [ -n "$memcheck" ] && echo "memcheck: $(($(date +%s) - t0)) s"
         for l in $labels; do
                 [ -d "$work/full-$l/build-dev" ] && continue
                 # the trace library where --trace names the revision
