@@ -740,8 +740,9 @@ static void help(void)
                "                         (default 1)\n"
                "  --rtt-rounds N         plain socket round trips to measure (default 20000)\n"
                "  --json FILE            also write the results as JSON\n"
-               "  --http ADDR            the OpenAI HTTP listener instead (a Unix socket path or\n"
-               "                         host:port): streamed /v1/completions with dsd_timing\n"
+               "  --http ADDR            the OpenAI HTTP listener instead (an absolute Unix\n"
+               "                         socket path, unix:PATH or host:port): streamed\n"
+               "                         /v1/completions with dsd_timing\n"
                "  --api-key KEY          its bearer token, when it wants one\n"
                "  -h, --help             this text\n");
 }
