@@ -37,7 +37,7 @@ typedef struct ConfigLimits {
         uint32_t context_length;            /* 0: the model's own max_position_embeddings */
         uint32_t max_batch;                 /* sequences decoded together */
         uint32_t queue_length;              /* requests waiting for a batch slot */
-        double kv_memory_fraction;          /* of free device memory after the weights */
+        double kv_memory_fraction;          /* of the free memory the KV cache may take */
         uint32_t client_max_requests;       /* requests one client may have in flight */
         uint32_t client_max_pending_events; /* undelivered events before a client stalls */
         uint64_t client_max_pending_bytes;  /* undelivered event bytes, same */

@@ -12,6 +12,9 @@
  * the model's whole context if shorter): enough for --generate and the tests without
  * reserving gigabytes for a 128k-context model on the CPU. */
 #define ENGINE_DEFAULT_KV_POSITIONS 8192u
+/* A host KV cache lives in host memory next to everything else, so its share is of
+ * MemAvailable capped at this, not of all of it. */
+#define ENGINE_HOST_KV_MAX (4ull << 30)
 
 uint64_t now_usec(void)
 {
@@ -53,6 +56,34 @@ void engine_memory(const Engine *e, uint64_t *ret_used, uint64_t *ret_total)
         *ret_used = *ret_total = 0;
         if (e && e->ops->mem_info && e->ops->mem_info(e->be, ret_used, ret_total) < 0)
                 *ret_used = *ret_total = 0;
+}
+
+static uint64_t mem_available(void)
+{
+        FILE *f = fopen("/proc/meminfo", "re");
+        char line[256];
+        unsigned long long kb;
+        uint64_t ret = ENGINE_HOST_KV_MAX;
+
+        while (f && fgets(line, sizeof(line), f))
+                if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                        ret = (uint64_t) kb * 1024;
+                        break;
+                }
+        if (f)
+                fclose(f);
+        return ret;
+}
+
+/* The memory a KV cache may take its share of: a device backend's free memory (its own,
+ * next to little else), or the host's, where it lives beside everything else, capped. */
+static uint64_t kv_free_memory(const Engine *e)
+{
+        uint64_t used, total;
+
+        if (e->ops->mem_info && e->ops->mem_info(e->be, &used, &total) == 0 && total > used)
+                return total - used;
+        return MIN(mem_available(), ENGINE_HOST_KV_MAX);
 }
 
 bool engine_is_eos(const Engine *e, int32_t id)
@@ -144,10 +175,9 @@ int engine_open(const char *dir, const EngineOptions *opt, Engine **ret, DsError
                 return r;
 
         e->block_tokens = opt->kv_block_tokens ? opt->kv_block_tokens : 16;
-        uint64_t kv_bytes = opt->kv_bytes, used, total;
-        if (opt->kv_device_fraction > 0 && e->ops->mem_info &&
-                e->ops->mem_info(e->be, &used, &total) == 0 && total > used)
-                kv_bytes = (uint64_t) (opt->kv_device_fraction * (double) (total - used));
+        uint64_t kv_bytes = opt->kv_bytes;
+        if (!kv_bytes && opt->kv_fraction > 0)
+                kv_bytes = (uint64_t) (opt->kv_fraction * (double) kv_free_memory(e));
         if (!kv_bytes) {
                 uint64_t positions = MIN(cfg->max_positions, ENGINE_DEFAULT_KV_POSITIONS);
                 uint64_t blocks = (positions + e->block_tokens - 1) / e->block_tokens;

@@ -18,14 +18,14 @@ typedef struct EngineOptions {
         bool quantize_int4;       /* quantize FP16/BF16 linears to INT4 at load */
         bool lm_head_int8;        /* quantize the lm_head to 8 bits at load (q8_pack.h) */
         uint32_t kv_block_tokens; /* positions per KV block; 0 means 16 */
-        uint64_t kv_bytes;        /* KV cache budget; 0 sizes it for one full context */
+        uint64_t kv_bytes;        /* KV cache budget; 0: kv_fraction's, else one full context */
         uint32_t threads;         /* CPU backend threads; 0 means one */
         const char *device;       /* backend-specific device ("0" for CUDA device 0); NULL */
         bool verbose;             /* progress lines on stderr while loading */
-        /* With a backend that reports its device memory, the KV cache takes this share of
-         * the device's free memory once the weights are resident, instead of kv_bytes;
-         * 0 keeps kv_bytes. */
-        double kv_device_fraction;
+        /* Without kv_bytes, the KV cache takes this share of the free memory: a device
+         * backend's (mem_info) once the weights are resident, else the host's MemAvailable
+         * capped at 4 GiB. 0: one full context. */
+        double kv_fraction;
         /* Called after each layer loads (the daemon's STATUS= lines); overrides verbose. */
         void (*progress)(void *userdata, uint32_t layers_done, uint32_t n_layers);
         void *progress_userdata;

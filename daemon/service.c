@@ -20,11 +20,6 @@
 #include "notify.h"
 #include "service.h"
 
-/* On the CPU the KV cache lives in host memory next to everything else, so
- * kv_memory_fraction takes its share of MemAvailable capped at this, not of all of it (a
- * backend that reports device memory takes its share of that instead: engine_open). */
-#define SERVICE_CPU_KV_BUDGET_MAX (4ull << 30)
-
 /* One model load on the loader thread. */
 typedef struct Load {
         DsdConfig cfg; /* the configuration the new model is served under */
@@ -92,30 +87,8 @@ int service_read_config(const ServiceOptions *o, DsdConfig *ret, DsError *err)
         return 0;
 }
 
-static uint64_t mem_available(void)
-{
-        FILE *f = fopen("/proc/meminfo", "re");
-        char line[256];
-        unsigned long long kb;
-        uint64_t ret = SERVICE_CPU_KV_BUDGET_MAX;
-
-        while (f && fgets(line, sizeof(line), f))
-                if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-                        ret = (uint64_t) kb * 1024;
-                        break;
-                }
-        if (f)
-                fclose(f);
-        return ret;
-}
-
 static void load_init(const Service *sv, const DsdConfig *c, Load *l)
 {
-        uint64_t kv = sv->opt->kv_bytes;
-
-        if (kv == 0 && sv->opt->config_path)
-                kv = (uint64_t) (c->limits.kv_memory_fraction *
-                                 (double) MIN(mem_available(), SERVICE_CPU_KV_BUDGET_MAX));
         *l = (Load){.cfg = *c};
         config_device(c, l->device, sizeof(l->device));
         l->eo = (EngineOptions){
@@ -123,11 +96,8 @@ static void load_init(const Service *sv, const DsdConfig *c, Load *l)
                 .quantize_int4 = c->quantize_at_load,
                 .lm_head_int8 = c->lm_head_int8,
                 .threads = sv->opt->threads,
-                .kv_bytes = kv,
-                /* a device backend's KV cache lives in its own memory, next to nothing else */
-                .kv_device_fraction = sv->opt->kv_bytes == 0 && sv->opt->config_path
-                                              ? c->limits.kv_memory_fraction
-                                              : 0,
+                .kv_bytes = sv->opt->kv_bytes,
+                .kv_fraction = sv->opt->config_path ? c->limits.kv_memory_fraction : 0,
                 .device = c->backend == CONFIG_BACKEND_CPU ? NULL : l->device,
         };
 }
@@ -272,7 +242,7 @@ static bool reload_fits(const Service *sv, const Load *l)
                 return true;
         /* a KV cache sized from the device's free memory took the room a second model
          * would need, and the new one's, sized beside the old, would be a sliver */
-        if (l->eo.kv_device_fraction > 0)
+        if (!l->eo.kv_bytes && l->eo.kv_fraction > 0)
                 return false;
         server_memory(sv->srv, &used, &total);
         return total > used && total - used >= 2 * checkpoint_bytes(l->cfg.model);

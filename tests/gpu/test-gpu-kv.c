@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /* The KV cache of the CUDA backend sized from the device's free memory, as dsd --config
- * sizes it (EngineOptions.kv_device_fraction): on the embedded synthetic model, a fraction
+ * sizes it (EngineOptions.kv_fraction): on the embedded synthetic model, a fraction
  * of 0.1 and of 0.5 gives a cache of that share of the memory that was free once the
  * weights were resident; the warm-up (graphs and cuBLAS beside the cache) and generation
  * still run; and the text is the one a default-sized cache gives. Runs alone (is_parallel
@@ -36,8 +36,7 @@ int main(void)
         }
         for (size_t k = 0; k < ELEMENTSOF(fractions); k++) {
                 _cleanup_(engine_freep) Engine *e = NULL;
-                EngineOptions eo = {
-                        .backend = "cuda", .device = "0", .kv_device_fraction = fractions[k]};
+                EngineOptions eo = {.backend = "cuda", .device = "0", .kv_fraction = fractions[k]};
                 uint64_t used, total;
 
                 CHECK(engine_open(test_build("models/tiny"), &eo, &e, &err) == 0, "%s", err.msg);
